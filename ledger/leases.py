@@ -1,0 +1,160 @@
+"""Leases with fencing tokens.
+
+A lease is a time-limited claim on a resource (`run:<run_id>`, ...). Every acquisition
+hands out a token strictly greater than any token the resource had before, so a write that
+carries a token can be refused once someone newer took over (`check`). Times come from the
+database clock (`now()`), never from the caller's.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import connection, transaction
+
+from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken
+
+
+def _check_ttl(ttl: timedelta) -> None:
+    if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
+        raise InvalidInput(f"expected ttl to be a positive timedelta, found {ttl!r}")
+
+
+def _check_names(resource: str, owner: str | None = None) -> None:
+    if not isinstance(resource, str) or not resource.strip():
+        raise InvalidInput(f"expected resource to be a non-empty string, found {resource!r}")
+    if owner is not None and (not isinstance(owner, str) or not owner.strip()):
+        raise InvalidInput(f"expected owner to be a non-empty string, found {owner!r}")
+
+
+def acquire(resource: str, owner: str, ttl: timedelta) -> int:
+    """Take the lease on `resource` for `ttl`; returns a fencing token larger than any before.
+
+    Succeeds when the resource is free, expired, or already held by `owner` (a re-acquire
+    still gets a new, larger token). Raises LeaseHeld when another owner's lease is live.
+    """
+    _check_names(resource, owner)
+    _check_ttl(ttl)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO ledger_lease (resource, owner, token, acquired_at, expires_at)
+            VALUES (%s, %s, 1, clock_timestamp(), clock_timestamp() + %s)
+            ON CONFLICT (resource) DO UPDATE
+               SET owner = EXCLUDED.owner,
+                   token = ledger_lease.token + 1,
+                   acquired_at = clock_timestamp(),
+                   expires_at = EXCLUDED.expires_at
+             WHERE ledger_lease.expires_at <= clock_timestamp()
+                OR ledger_lease.owner = EXCLUDED.owner
+            RETURNING token
+            """,
+            [resource, owner, ttl],
+        )
+        row = cursor.fetchone()
+        if row is not None:
+            return row[0]
+        cursor.execute(
+            "SELECT owner, expires_at, token FROM ledger_lease WHERE resource = %s", [resource]
+        )
+        holder, expires_at, token = cursor.fetchone()
+    raise LeaseHeld(
+        f"expected {resource} to be free or expired for {owner}, found it held by {holder} "
+        f"(token {token}) until {expires_at.isoformat()}",
+        owner=holder,
+        expires_at=expires_at,
+    )
+
+
+def renew(resource: str, owner: str, token: int, ttl: timedelta):
+    """Extend `owner`'s lease by `ttl` from now; returns the new expiry.
+
+    Raises StaleFencingToken if `token` is no longer the current token of the resource.
+    """
+    _check_names(resource, owner)
+    _check_ttl(ttl)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE ledger_lease SET expires_at = clock_timestamp() + %s
+             WHERE resource = %s AND owner = %s AND token = %s
+            RETURNING expires_at
+            """,
+            [ttl, resource, owner, token],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        _raise_stale(resource, token, owner=owner)
+    return row[0]
+
+
+def release(resource: str, owner: str, token: int) -> None:
+    """End the lease now. The row stays, so the next token is still larger."""
+    _check_names(resource, owner)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE ledger_lease SET expires_at = clock_timestamp()
+             WHERE resource = %s AND owner = %s AND token = %s
+            RETURNING token
+            """,
+            [resource, owner, token],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        _raise_stale(resource, token, owner=owner)
+
+
+def check(resource: str, token: int) -> None:
+    """Raise StaleFencingToken unless `token` is the resource's current token.
+
+    Inside a transaction the lease row is share-locked until commit, so no newer token can
+    be handed out before the caller's write commits.
+    """
+    _check_names(resource)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT token FROM ledger_lease WHERE resource = %s FOR SHARE", [resource]
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] != token:
+        _raise_stale(resource, token, current=row[0] if row else None)
+
+
+def check_run(run_pk: int, token: int) -> None:
+    """`check` on the lease `run:<run_id>` of the run with primary key `run_pk`."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT l.token
+              FROM ledger_lease l
+              JOIN ledger_run r ON l.resource = 'run:' || r.run_id
+             WHERE r.id = %s
+               FOR SHARE OF l
+            """,
+            [run_pk],
+        )
+        row = cursor.fetchone()
+        if row is not None and row[0] == token:
+            return
+        cursor.execute("SELECT run_id FROM ledger_run WHERE id = %s", [run_pk])
+        (run_id,) = cursor.fetchone()
+    _raise_stale(f"run:{run_id}", token, current=row[0] if row else None)
+
+
+def current_token(resource: str) -> int | None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT token FROM ledger_lease WHERE resource = %s", [resource])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _raise_stale(resource: str, token: int, *, owner: str | None = None, current=...) -> None:
+    if current is ...:
+        current = current_token(resource)
+    who = f" held by {owner}" if owner else ""
+    found = "no lease at all" if current is None else f"current token {current}"
+    raise StaleFencingToken(
+        f"expected fencing token {token}{who} to be current for {resource}, found {found}",
+        current_token=current,
+    )

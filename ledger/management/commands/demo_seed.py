@@ -1,0 +1,31 @@
+"""Create the demo users (and, once the desk exists, demo data); prints their passwords."""
+
+from django.contrib.auth.models import Group, User
+from django.core.management.base import BaseCommand
+
+from ledger import access
+
+DEMO_USERS = [
+    # username, password, group, is_staff
+    ("admin", "admin-demo-pass", "admin", True),
+    ("reviewer", "reviewer-demo-pass", "reviewer", False),
+    ("viewer", "viewer-demo-pass", "viewer", False),
+]
+
+
+class Command(BaseCommand):
+    help = "Create demo users admin, reviewer and viewer and print their passwords."
+
+    def handle(self, *args, **options):
+        for username, password, group, is_staff in DEMO_USERS:
+            user, _ = User.objects.get_or_create(username=username)
+            user.set_password(password)
+            user.is_staff = is_staff
+            user.is_superuser = False
+            user.save()
+            user.groups.set([Group.objects.get(name=group)])
+            for tenant in ("default", "acme"):
+                access.grant(user, tenant)
+        self.stdout.write("Demo users (all see tenants default and acme):")
+        for username, password, group, _ in DEMO_USERS:
+            self.stdout.write(f"  {username:<9} password {password:<20} role {group}")

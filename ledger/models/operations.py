@@ -1,0 +1,223 @@
+"""Action receipts: one Operation per logical external action, its events and evidence."""
+
+import pgtrigger
+from django.db import models
+
+from ledger.states import ActorKind, RetryPolicy, State, transition_check_sql
+
+_EVENT_RECORDED = """
+    IF NOT EXISTS (SELECT 1 FROM ledger_operationevent
+                   WHERE operation_id = NEW.id AND version = NEW.version) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected an event recording version %s (state %s) '
+                             'in the same transaction, found none; change operations through '
+                             'ledger.receipts', NEW.operation_id, NEW.version, NEW.state);
+    END IF;
+    RETURN NULL;
+"""
+
+
+class OperationQuerySet(models.QuerySet):
+    def needing_review(self):
+        from ledger.states import NEEDS_REVIEW
+
+        return self.filter(state__in=NEEDS_REVIEW)
+
+    def for_tenants(self, tenants):
+        """`tenants` None means every tenant (superusers)."""
+        return self if tenants is None else self.filter(tenant__in=tenants)
+
+
+class Operation(models.Model):
+    """The receipt of one external action, written before the request is sent.
+
+    Rows change only through `ledger.receipts` (and the reconciler); a trigger refuses
+    illegal transitions and version jumps even from a raw `QuerySet.update()`.
+    """
+
+    operation_id = models.CharField(max_length=40, unique=True)
+    tenant = models.CharField(max_length=100, default="default")
+    operation = models.CharField(max_length=200)
+    target = models.CharField(max_length=2000, blank=True)
+    intent = models.JSONField(default=dict)
+    intent_fingerprint = models.CharField(max_length=80)
+    idempotency_key = models.CharField(max_length=200)
+    retry_policy = models.CharField(
+        max_length=20, choices=RetryPolicy.choices, default=RetryPolicy.IF_ABSENT_PROVEN
+    )
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PLANNED)
+    version = models.PositiveIntegerField(default=1)
+    attempt = models.PositiveIntegerField(default=1)
+    external_id = models.CharField(max_length=500, blank=True)
+    error_code = models.CharField(max_length=200, blank=True)
+    error_detail = models.TextField(blank=True)
+    authentication_recorded = models.BooleanField(default=False)
+    run = models.ForeignKey(
+        "ledger.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="operations"
+    )
+    step = models.ForeignKey(
+        "ledger.Step", null=True, blank=True, on_delete=models.PROTECT, related_name="operations"
+    )
+    created_at = models.DateTimeField()
+    state_changed_at = models.DateTimeField()
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    # Reconciliation bookkeeping (ledger.reconcile).
+    unknown_since = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    reconcile_attempts = models.PositiveIntegerField(default=0)
+    reconcile_failures = models.PositiveIntegerField(default=0)
+
+    objects = OperationQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "operation", "idempotency_key"],
+                condition=models.Q(idempotency_key__gt=""),
+                name="operation_idempotency_key_unique",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=State.values), name="operation_state_known"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(retry_policy__in=RetryPolicy.values),
+                name="operation_retry_policy_known",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(authentication_recorded=False),
+                name="operation_never_records_authentication",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "state_changed_at", "id"], name="operation_queue_idx"),
+            models.Index(fields=["state", "next_attempt_at"], name="operation_reconcile_idx"),
+            models.Index(
+                fields=["tenant", "operation", "intent_fingerprint"],
+                name="operation_fingerprint_idx",
+            ),
+            models.Index(fields=["external_id"], name="operation_external_id_idx"),
+            models.Index(fields=["completed_at"], name="operation_completed_idx"),
+        ]
+        permissions = [
+            ("resolve_operation", "Can resolve operations the ledger cannot prove"),
+            ("override_retry_policy", "Can mark a never-retry operation safe to retry"),
+        ]
+        triggers = [
+            pgtrigger.Trigger(
+                name="operation_transition_check",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                func=transition_check_sql(),
+            ),
+            pgtrigger.Trigger(
+                name="operation_insert_planned",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                func="""
+                IF NEW.state <> 'planned' OR NEW.version <> 1 THEN
+                    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                        MESSAGE = format('operation %s: expected a new receipt in state planned '
+                                         'at version 1, found state %s at version %s',
+                                         NEW.operation_id, NEW.state, NEW.version);
+                END IF;
+                RETURN NEW;
+                """,
+            ),
+            pgtrigger.Trigger(
+                name="operation_insert_evented",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.After,
+                timing=pgtrigger.Deferred,
+                func=_EVENT_RECORDED,
+            ),
+            pgtrigger.Trigger(
+                name="operation_change_evented",
+                operation=pgtrigger.Update,
+                when=pgtrigger.After,
+                timing=pgtrigger.Deferred,
+                condition=pgtrigger.Q(old__state__df=pgtrigger.F("new__state")),
+                func=_EVENT_RECORDED,
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.operation_id} {self.operation} ({self.state})"
+
+    def get_absolute_url(self):
+        from django.urls import reverse
+
+        return reverse("review:operation", args=[self.operation_id])
+
+    @property
+    def is_terminal(self) -> bool:
+        from ledger.states import TERMINAL
+
+        return self.state in TERMINAL
+
+    @property
+    def needs_review(self) -> bool:
+        from ledger.states import NEEDS_REVIEW
+
+        return self.state in NEEDS_REVIEW
+
+
+class OperationEvent(models.Model):
+    """One transition of one operation. Append-only: PostgreSQL refuses UPDATE and DELETE."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="events")
+    tenant = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()
+    from_state = models.CharField(max_length=20, blank=True)
+    to_state = models.CharField(max_length=20)
+    actor_kind = models.CharField(max_length=20, choices=ActorKind.choices)
+    actor_id = models.CharField(max_length=200, blank=True)
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["operation", "version"], name="event_one_per_operation_version"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["created_at", "id"], name="event_time_idx"),
+            models.Index(fields=["actor_id", "created_at"], name="event_actor_idx"),
+        ]
+        ordering = ["operation", "version"]
+        triggers = [
+            pgtrigger.Protect(
+                name="event_append_only", operation=pgtrigger.Update | pgtrigger.Delete
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.operation_id} v{self.version}: {self.from_state or '-'} -> {self.to_state}"
+
+
+class Evidence(models.Model):
+    """What a reconciler asked the external system and what it saw. Append-only."""
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="evidence")
+    reconciler = models.CharField(max_length=200)
+    query = models.JSONField(default=dict)
+    observed = models.JSONField(default=dict)
+    verdict = models.CharField(max_length=40)
+    matched_by = models.CharField(max_length=40, blank=True)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "evidence"
+        ordering = ["operation", "created_at", "id"]
+        triggers = [
+            pgtrigger.Protect(
+                name="evidence_append_only", operation=pgtrigger.Update | pgtrigger.Delete
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.verdict} for {self.operation_id} by {self.reconciler}"

@@ -1,0 +1,96 @@
+"""factory-boy factories. Operations are made through the ledger API, never as raw rows."""
+
+from __future__ import annotations
+
+import factory
+from django.contrib.auth.models import Group, User
+from django.db import transaction
+
+from ledger import receipts
+from ledger.models import Operation, Run
+from ledger.states import ActorKind, State
+
+# The shortest path through the state table to each state, from planned.
+PATHS: dict[str, list[tuple[str, str]]] = {
+    State.PLANNED: [],
+    State.SUBMITTED: [(State.SUBMITTED, ActorKind.AGENT)],
+    State.SUCCEEDED: [(State.SUBMITTED, ActorKind.AGENT), (State.SUCCEEDED, ActorKind.AGENT)],
+    State.REJECTED: [(State.SUBMITTED, ActorKind.AGENT), (State.REJECTED, ActorKind.AGENT)],
+    State.OUTCOME_UNKNOWN: [
+        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT)
+    ],
+    State.RECONCILING: [
+        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT),
+        (State.RECONCILING, ActorKind.RECONCILER),
+    ],
+    State.MANUAL_REVIEW: [
+        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT),
+        (State.RECONCILING, ActorKind.RECONCILER), (State.MANUAL_REVIEW, ActorKind.RECONCILER),
+    ],
+    State.SAFE_TO_RETRY: [
+        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT),
+        (State.RECONCILING, ActorKind.RECONCILER), (State.SAFE_TO_RETRY, ActorKind.RECONCILER),
+    ],
+    State.ABANDONED: [(State.ABANDONED, ActorKind.AGENT)],
+}
+
+
+def drive(op: Operation, to_state: str) -> Operation:
+    """Walk `op` (in planned) along PATHS to `to_state`, one API transition at a time."""
+    for state, actor_kind in PATHS[to_state]:
+        with transaction.atomic():
+            receipts.apply_transition(op, state, actor_kind=actor_kind, actor_id="factory",
+                                      reason=f"test setup: to {state}")
+    return op
+
+
+class OperationFactory(factory.Factory):
+    class Meta:
+        model = Operation
+
+    operation = "articles.create"
+    target = "https://articles.example/api/articles"
+    intent = factory.Sequence(lambda n: {"title": f"Article {n}", "body": "text"})
+    tenant = "default"
+    retry_policy = "if_absent_proven"
+    idempotency_key = None
+    run = None
+
+    @classmethod
+    def _create(cls, model_class, *, state=State.PLANNED, **kwargs):
+        op = receipts.record_intent(
+            kwargs.pop("operation"), kwargs.pop("target"), kwargs.pop("intent"), **kwargs
+        )
+        return drive(op, state)
+
+
+class RunFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Run
+
+    run_id = factory.Sequence(lambda n: f"run-{n:05d}")
+    tenant = "default"
+    objective = factory.Sequence(lambda n: f"Publish article batch {n}")
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = User
+        django_get_or_create = ["username"]
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    password = factory.django.Password("correct horse battery staple")
+
+    @factory.post_generation
+    def role(self, create, extracted, **kwargs):
+        if create and extracted:
+            self.groups.add(Group.objects.get(name=extracted))
+
+    @factory.post_generation
+    def tenants(self, create, extracted, **kwargs):
+        from ledger import access
+
+        if create:
+            for tenant in extracted if extracted is not None else ["default"]:
+                access.grant(self, tenant)

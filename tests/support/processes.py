@@ -1,0 +1,64 @@
+"""Run Python code in a real child process against the test database (crash tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PRELUDE = """
+import os, sys
+sys.path.insert(0, {root!r})
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+import django
+django.setup()
+"""
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["LEDGER_DATABASE_NAME"] = connection.settings_dict["NAME"]
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def spawn(code: str, **kwargs) -> subprocess.Popen:
+    """Start `code` (after django.setup()) in a child process; stdout is a text pipe."""
+    source = PRELUDE.format(root=str(ROOT)) + textwrap.dedent(code)
+    return subprocess.Popen(
+        [sys.executable, "-c", source],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float = 60.0) -> str:
+    """Read the child's stdout until a line starting with `prefix`; returns that line."""
+    import selectors
+    import time
+
+    deadline = time.monotonic() + timeout
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    while time.monotonic() < deadline:
+        if not selector.select(timeout=max(0.0, deadline - time.monotonic())):
+            break
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.strip()
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    raise AssertionError(f"expected a line starting with {prefix!r} from the child, found none; "
+                         f"stderr:\n{err}")
