@@ -149,9 +149,11 @@ def record_intent(
 
 
 def _existing(tenant: str, operation: str, key: str) -> Operation | None:
-    return Operation.objects.filter(
-        tenant=tenant, operation=operation, idempotency_key=key
-    ).first()
+    # No ORDER BY (which .first() would add): the partial unique index answers this alone.
+    found = list(
+        Operation.objects.filter(tenant=tenant, operation=operation, idempotency_key=key)[:1]
+    )
+    return found[0] if found else None
 
 
 def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:

@@ -1,0 +1,116 @@
+"""Shared plumbing for the benchmarks: a separate database, timing, results, the table.
+
+Every benchmark runs on the PostgreSQL the project uses (the embedded one, or the server
+named by DATABASE_URL) but in its own database, `agent_ledger_bench`, so the demo data is
+never touched. Ratios are the claim: both sides of a comparison run in the same process,
+interleaved in rounds, so machine noise hits both alike. Absolute times are printed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "latest.json"
+BENCH_DATABASE = os.environ.get("LEDGER_BENCH_DATABASE", "agent_ledger_bench")
+
+
+def setup_django() -> None:
+    """django.setup() against the bench database, creating and migrating it if needed."""
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ["LEDGER_DATABASE_NAME"] = BENCH_DATABASE
+    import django
+    from django.conf import settings
+
+    settings.DEBUG = False
+    _ensure_database()
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def _ensure_database() -> None:
+    import psycopg
+    from django.conf import settings
+    from psycopg import sql
+
+    db = dict(settings.DATABASES["default"])
+    params = {"dbname": "postgres", "user": db.get("USER") or None,
+              "password": db.get("PASSWORD") or None, "host": db.get("HOST") or None,
+              "port": db.get("PORT") or None}
+    with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                            [BENCH_DATABASE]).fetchone():
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DATABASE)))
+
+
+def parse_args(description: str, **extra) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--scale", choices=["quick", "full"], default="quick",
+                        help="quick: under a minute; full: the sizes the README reports")
+    for name, kwargs in extra.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", **kwargs)
+    return parser.parse_args()
+
+
+class Stopwatch:
+    """Collects per-call durations (seconds) for one side of a comparison."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.samples: list[float] = []
+
+    def time(self, fn: Callable[[], object]) -> None:
+        started = time.perf_counter()
+        fn()
+        self.samples.append(time.perf_counter() - started)
+
+    @property
+    def total(self) -> float:
+        return sum(self.samples)
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+def interleave(rounds: int, sides: list[tuple[Stopwatch, Callable[[], None]]]) -> None:
+    """Run each side once per round, alternating who goes first, so drift hits both."""
+    for r in range(rounds):
+        order = sides if r % 2 == 0 else list(reversed(sides))
+        for watch, fn in order:
+            watch.time(fn)
+
+
+def record(benchmark: str, data: dict) -> None:
+    """Merge `data` under `benchmark` into bench/results/latest.json and print it."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results[benchmark] = {**data, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                               time.gmtime())}
+    RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True))
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    print(f"\n{title}")
+    print("-" * (width + 30))
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"

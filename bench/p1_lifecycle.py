@@ -1,0 +1,127 @@
+"""P1: what a receipt costs an agent.
+
+N operations go through intent -> submitted -> succeeded with the ledger API (checks,
+redaction, fingerprint, compare-and-set, one event per transition, triggers), against the
+same three commits written as minimal bare Django ORM statements on a copy of the table
+without triggers (no events, no checks). Both sides interleave operation by operation.
+Then the same again with `synchronous_commit = off`, to show what the fsync at each commit
+costs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+if __package__ in (None, ""):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Stopwatch, interleave, ms, parse_args, print_table, record, setup_django
+
+SCALES = {"quick": 300, "full": 3000}
+
+
+def bare_model():
+    from django.db import connection, models
+
+    from ledger.models import Operation
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS bench_bare_operation (LIKE ledger_operation INCLUDING ALL)"
+        )
+    attrs = {"__module__": __name__}
+    for field in Operation._meta.local_fields:
+        clone = field.clone()
+        if isinstance(clone, models.ForeignKey):
+            clone.remote_field.related_name = "+"
+            clone.db_constraint = False
+        attrs[field.name] = clone
+    attrs["Meta"] = type("Meta", (), {"app_label": "ledger", "managed": False,
+                                      "db_table": "bench_bare_operation"})
+    return type("BareOperation", (models.Model,), attrs)
+
+
+def main() -> dict:
+    args = parse_args(__doc__.splitlines()[0])
+    setup_django()
+    from django.db import connection
+    from django.utils import timezone
+
+    from ledger import receipts
+
+    BareOperation = bare_model()
+    n = SCALES[args.scale]
+    counter = itertools.count()
+    run = uuid.uuid4().hex[:10]  # keys never collide with an earlier run's
+    intent = {"title": "Quarterly report", "body": "x" * 400, "tags": ["a", "b"],
+              "headers": {"Authorization": "Bearer secret", "Content-Type": "json"}}
+
+    def ledger_lifecycle():
+        i = next(counter)
+        op = receipts.record_intent("bench.lifecycle", "https://cms.example/api", intent,
+                                    idempotency_key=f"p1-{run}-{i}")
+        receipts.mark_submitted(op)
+        receipts.mark_succeeded(op, external_id=f"ext-{i}")
+
+    def bare_lifecycle():
+        i = next(counter)
+        now = timezone.now()
+        row = BareOperation.objects.create(
+            operation_id=f"bare-{run}-{i}", tenant="default", operation="bench.bare",
+            target="https://cms.example/api", intent=intent, intent_fingerprint="sha256:0",
+            idempotency_key=f"bare-{run}-{i}", state="planned", version=1,
+            created_at=now, state_changed_at=now,
+        )
+        BareOperation.objects.filter(pk=row.pk).update(
+            state="submitted", version=2, submitted_at=now, state_changed_at=now
+        )
+        BareOperation.objects.filter(pk=row.pk).update(
+            state="succeeded", version=3, external_id=f"ext-{i}", completed_at=now,
+            state_changed_at=now,
+        )
+
+    for _ in range(20):  # warm caches, plans and connections on both sides
+        ledger_lifecycle()
+        bare_lifecycle()
+
+    results = {}
+    for label, sync in (("fsync on", "on"), ("synchronous_commit off", "off")):
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET synchronous_commit TO {sync}")
+        ours, bare = Stopwatch("ledger"), Stopwatch("bare")
+        interleave(n, [(ours, ledger_lifecycle), (bare, bare_lifecycle)])
+        results[sync] = {
+            "ledger_ops_per_s": n / ours.total,
+            "bare_ops_per_s": n / bare.total,
+            "ledger_median_ms": ours.median * 1000,
+            "bare_median_ms": bare.median * 1000,
+            "ratio": ours.total / bare.total,
+        }
+        print_table(f"P1 lifecycle, {n} operations each, {label}", [
+            ("ledger API (3 commits + 3 events)", f"{n / ours.total:8.0f} ops/s, "
+                                                  f"median {ms(ours.median)}"),
+            ("bare ORM (3 commits)", f"{n / bare.total:8.0f} ops/s, median {ms(bare.median)}"),
+            ("ratio ledger / bare", f"{ours.total / bare.total:.2f}x"),
+        ])
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit TO on")
+    summary = {
+        "scale": args.scale,
+        "operations": n,
+        "ratio": results["on"]["ratio"],
+        "ratio_sync_off": results["off"]["ratio"],
+        "fsync_cost_ledger": results["off"]["ledger_ops_per_s"] / results["on"]["ledger_ops_per_s"],
+        "details": results,
+    }
+    print(f"fsync: the ledger does {summary['fsync_cost_ledger']:.2f}x more lifecycles/s "
+          "with synchronous_commit off")
+    record("P1", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

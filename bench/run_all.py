@@ -1,0 +1,81 @@
+"""Run every benchmark (bench/p*_*.py) at one scale, then print the summary table.
+
+    .venv/bin/python bench/run_all.py --scale quick     # what `make bench` runs
+    .venv/bin/python bench/run_all.py --scale full
+    .venv/bin/python bench/run_all.py --only P1 P2      # a subset
+
+Each script also runs alone. Results are merged into bench/results/latest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.common import RESULTS  # noqa: E402
+
+# benchmark -> (what the ratio compares, the goal, how to read the goal)
+GOALS = {
+    "P1": ("lifecycle: ledger API / bare ORM", 1.3, "<="),
+    "P2": ("queue page: 1M rows / 10k rows", 1.2, "<="),
+    "P3": ("reconcile: 4 workers / 1 worker throughput", 3.5, ">="),
+    "P4": ("record_intent: replay / first record", 0.5, "<="),
+    "P5": ("record_intent p99: during purge / without", 2.0, "<="),
+    "P6": ("obligation commit: same / distinct obligations", None, ""),
+}
+
+
+def scripts(only: list[str] | None) -> list[Path]:
+    found = sorted(HERE.glob("p[0-9]_*.py"))
+    if only:
+        wanted = {name.upper() for name in only}
+        found = [p for p in found if p.name.split("_")[0].upper() in wanted]
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", choices=["quick", "full"], default="quick")
+    parser.add_argument("--only", nargs="*", help="benchmark names, e.g. P1 P3")
+    args = parser.parse_args()
+    failed = []
+    for script in scripts(args.only):
+        print(f"\n=== {script.name} --scale {args.scale}", flush=True)
+        done = subprocess.run([sys.executable, str(script), "--scale", args.scale])
+        if done.returncode != 0:
+            failed.append(script.name)
+    summary(args.only)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def summary(only: list[str] | None) -> None:
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    names = [n for n in GOALS if not only or n in {o.upper() for o in only}]
+    print("\nSummary (ratios measured side by side in one run)")
+    print(f"{'':4} {'ratio':>8}  {'goal':>7}  {'scale':<6} what")
+    for name in names:
+        what, goal, sense = GOALS[name]
+        if name not in results:
+            print(f"{name:4} {'-':>8}  {'':>7}  {'':<6} {what} (not run)")
+            continue
+        ratio = results[name]["ratio"]
+        goal_text = f"{sense}{goal}" if goal is not None else "report"
+        met = ""
+        if goal is not None:
+            ok = ratio <= goal if sense == "<=" else ratio >= goal
+            met = "  met" if ok else "  NOT met"
+        print(f"{name:4} {ratio:>7.2f}x  {goal_text:>7}  {results[name].get('scale', ''):<6} "
+              f"{what}{met}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
