@@ -1,21 +1,28 @@
 """The one writer of OperationEvent rows.
 
-Every transition of an operation appends exactly one event here, in the caller's
-transaction. Evidence and reasons are agent- or person-written: secrets are masked before
-they are stored.
+Every change of an operation and its event are written by one SQL statement here: the
+change (an INSERT or a compare-and-set UPDATE of `ledger_operation`) is a CTE whose
+returned row feeds the event INSERT. The two cannot come apart, and a change that matches
+no row writes no event. Evidence and reasons are agent- or person-written: secrets are
+masked before they are stored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+from django.db import connection
 
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.models import Operation, OperationEvent
 
+_OPERATION = Operation._meta
+_EVENT = OperationEvent._meta
 
-def append_operation_event(
-    op: Operation,
+
+def event_values(
     *,
     from_state: str,
     to_state: str,
@@ -26,20 +33,68 @@ def append_operation_event(
     evidence: Any = None,
     fencing_token: int | None = None,
     now: datetime,
-) -> OperationEvent:
+) -> dict[str, Any]:
+    """The event's fields (all but operation and tenant, which come from the changed row)."""
     if evidence is not None:
         check_json(evidence, what="evidence")
         evidence = redact(evidence)
-    return OperationEvent.objects.create(
-        operation=op,
-        tenant=op.tenant,
-        version=version,
-        from_state=from_state,
-        to_state=to_state,
-        actor_kind=actor_kind,
-        actor_id=actor_id[:200],
-        reason=scrub_text(reason),
-        evidence=evidence,
-        fencing_token=fencing_token,
-        created_at=now,
+    return {
+        "version": version,
+        "from_state": from_state,
+        "to_state": to_state,
+        "actor_kind": actor_kind,
+        "actor_id": (actor_id or "")[:200],
+        "reason": scrub_text(reason or ""),
+        "evidence": evidence,
+        "fencing_token": fencing_token,
+        "created_at": now,
+    }
+
+
+def _prep(meta, values: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
+    columns, params = [], []
+    for name, value in values.items():
+        field = meta.get_field(name)
+        columns.append(connection.ops.quote_name(field.column))
+        params.append(field.get_db_prep_save(value, connection))
+    return columns, params
+
+
+def _with_event(change_sql: str, change_params: Sequence[Any], event: Mapping[str, Any]):
+    columns, params = _prep(_EVENT, event)
+    sql = (
+        f"WITH changed AS ({change_sql} RETURNING id, tenant) "
+        f"INSERT INTO {_EVENT.db_table} (operation_id, tenant, {', '.join(columns)}) "
+        f"SELECT changed.id, changed.tenant, {', '.join(['%s'] * len(params))} FROM changed "
+        "RETURNING operation_id"
     )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*change_params, *params])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def insert_operation_with_event(values: Mapping[str, Any], event: Mapping[str, Any]):
+    """INSERT the operation unless its (tenant, operation, idempotency_key) exists.
+
+    Returns the new primary key, or None when the key was taken (nothing written).
+    """
+    columns, params = _prep(_OPERATION, values)
+    change = (
+        f"INSERT INTO {_OPERATION.db_table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(params))}) "
+        "ON CONFLICT (tenant, operation, idempotency_key) WHERE idempotency_key > '' DO NOTHING"
+    )
+    return _with_event(change, params, event)
+
+
+def update_operation_with_event(
+    pk: int, *, state: str, version: int, changes: Mapping[str, Any], event: Mapping[str, Any]
+) -> bool:
+    """Compare-and-set: apply `changes` only if the row is still at (state, version)."""
+    columns, params = _prep(_OPERATION, changes)
+    change = (
+        f"UPDATE {_OPERATION.db_table} SET {', '.join(f'{c} = %s' for c in columns)} "
+        "WHERE id = %s AND state = %s AND version = %s"
+    )
+    return _with_event(change, [*params, pk, state, version], event) is not None

@@ -18,8 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import access, leases, states
-from ledger.audit import append_operation_event
+from ledger import access, audit, leases, states
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
@@ -123,20 +122,17 @@ def record_intent(
             )
             # ON CONFLICT DO NOTHING: a concurrent recorder of the same key loses quietly
             # and reads the winner's row below, so no IntegrityError escapes.
-            Operation.objects.bulk_create([candidate], ignore_conflicts=True)
+            candidate.pk = audit.insert_operation_with_event(
+                {f.attname: getattr(candidate, f.attname)
+                 for f in Operation._meta.concrete_fields if not f.primary_key},
+                audit.event_values(from_state="", to_state=State.PLANNED, version=1,
+                                   actor_kind=ActorKind.AGENT, actor_id=actor or "",
+                                   reason="intent recorded", now=now),
+            )
+            if candidate.pk is not None:
+                candidate._state.adding = False
+                return candidate
             existing = _existing(tenant, operation, idempotency_key)
-            if existing.operation_id == candidate.operation_id:
-                append_operation_event(
-                    existing,
-                    from_state="",
-                    to_state=State.PLANNED,
-                    version=1,
-                    actor_kind=ActorKind.AGENT,
-                    actor_id=actor or "",
-                    reason="intent recorded",
-                    now=now,
-                )
-                return existing
         if existing.intent_fingerprint != intent_fingerprint:
             raise IdempotencyKeyReused(
                 f"expected idempotency key {idempotency_key!r} of {operation} to come with "
@@ -277,23 +273,14 @@ def apply_transition(
         fields.setdefault("submitted_at", now)
     if to_state == State.OUTCOME_UNKNOWN and from_state == State.SUBMITTED:
         fields["unknown_since"] = now
-    updated = Operation.objects.filter(pk=op.pk, state=from_state, version=version).update(
-        **fields
+    event = audit.event_values(
+        from_state=from_state, to_state=to_state, version=version + 1, actor_kind=actor_kind,
+        actor_id=actor_id, reason=reason, evidence=evidence, fencing_token=fencing_token, now=now,
     )
-    if updated != 1:
+    if not audit.update_operation_with_event(
+        op.pk, state=from_state, version=version, changes=fields, event=event
+    ):
         raise _stale(op, from_state, version)
-    append_operation_event(
-        op,
-        from_state=from_state,
-        to_state=to_state,
-        version=version + 1,
-        actor_kind=actor_kind,
-        actor_id=actor_id,
-        reason=reason,
-        evidence=evidence,
-        fencing_token=fencing_token,
-        now=now,
-    )
     for name, value in fields.items():
         setattr(op, name, value)
     return op
