@@ -145,9 +145,14 @@ def record_intent(
 
 
 def _existing(tenant: str, operation: str, key: str) -> Operation | None:
-    # No ORDER BY (which .first() would add): the partial unique index answers this alone.
+    # On every record_intent: a raw query skips the ORM's query compilation, and without an
+    # ORDER BY (which .first() would add) the partial unique index answers it alone.
     found = list(
-        Operation.objects.filter(tenant=tenant, operation=operation, idempotency_key=key)[:1]
+        Operation.objects.raw(
+            "SELECT * FROM ledger_operation"
+            " WHERE tenant = %s AND operation = %s AND idempotency_key = %s LIMIT 1",
+            [tenant, operation, key],
+        )
     )
     return found[0] if found else None
 
