@@ -22,7 +22,7 @@ from tests.support.processes import spawn, wait_for_line
 
 # --- a scripted reconciler: each operation's intent says what lookup and search answer ----
 
-CALLS: list[tuple[str, str]] = []
+CALLS: list[tuple[str, str]] = []  # (method, operation_id) of every call
 
 
 def _answer(op, spec):
@@ -85,7 +85,7 @@ def test_found_by_lookup_succeeds_stores_the_external_id_and_never_searches():
     op = unknown("found:article-7")
     finished, evidence = reconcile_one(op)
     assert (finished, op.state, op.external_id) == (1, State.SUCCEEDED, "article-7")
-    assert CALLS == [("lookup", op.operation_id)]
+    assert list(CALLS) == [("lookup", op.operation_id)]
     [ev] = evidence
     assert (ev.verdict, ev.matched_by, ev.reconciler) == ("found", "idempotency_key",
                                                           Scripted.label())
@@ -101,7 +101,7 @@ def test_found_by_lookup_succeeds_stores_the_external_id_and_never_searches():
 def test_lookup_returning_none_falls_back_to_the_fingerprint_search():
     op = unknown("none", "found:article-9")
     _, [ev] = reconcile_one(op)
-    assert CALLS == [("lookup", op.operation_id), ("search", op.operation_id)]
+    assert list(CALLS) == [("lookup", op.operation_id), ("search", op.operation_id)]
     assert (op.state, op.external_id) == (State.SUCCEEDED, "article-9")
     assert (ev.verdict, ev.matched_by) == ("found", "fingerprint")
     assert ev.query == {"method": "search", "fingerprint": op.intent_fingerprint}
