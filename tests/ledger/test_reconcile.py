@@ -473,3 +473,13 @@ def test_the_reconcile_loop_stops_cleanly_on_sigterm():
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
     assert "reconcile: stopped" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reconciler_example_in_the_readme_runs():
+    from tests.test_readme import readme_block
+
+    child = spawn(readme_block("## Writing a reconciler"))
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert "succeeded msg-1@ada@example.com found" in out
