@@ -169,3 +169,15 @@ LOGGING = {
 
 # Ledger limits and defaults.
 LEDGER_MAX_INTENT_BYTES = int(os.environ.get("LEDGER_MAX_INTENT_BYTES", 256 * 1024))
+
+# Reconciliation (ledger.reconcile). A reconciler that raises this many times in a row sends
+# its operation to manual_review; a `submitted` operation older than the threshold whose
+# sender holds no live run lease is turned into outcome_unknown by the sweep.
+LEDGER_RECONCILE_MAX_FAILURES = int(os.environ.get("LEDGER_RECONCILE_MAX_FAILURES", 3))
+LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS", 600))
+# Modules imported before reconciling, so that their `@reconcile.register` classes exist.
+LEDGER_RECONCILER_MODULES = [
+    m.strip()
+    for m in os.environ.get("LEDGER_RECONCILER_MODULES", "ledger.simulated.articles").split(",")
+    if m.strip()
+]

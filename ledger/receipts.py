@@ -240,13 +240,16 @@ def apply_transition(
     fencing_token: int | None = None,
     expected_version: int | None = None,
     changes: Mapping[str, Any] | None = None,
+    fencing_resource: str | None = None,
 ) -> Operation:
     """Move `op` to `to_state` inside the caller's transaction; updates `op` in place.
 
     For ledger modules (receipts, reconcile): callers outside the ledger use the public
     functions below. Compare-and-set on (state, version): raises IllegalTransition when the
     table forbids the move, StaleVersion when someone else changed the row first,
-    StaleFencingToken when `fencing_token` is not the current token of the run's lease.
+    StaleFencingToken when `fencing_token` is not the current token of the run's lease (or,
+    when `fencing_resource` is given, of that lease: the reconciler fences with
+    `reconcile:<operation_id>`). The token is recorded on the event.
     """
     if not isinstance(op, Operation) or op.pk is None:
         raise InvalidInput(f"expected a saved Operation, found {op!r}")
@@ -262,7 +265,9 @@ def apply_transition(
             from_state=from_state,
             to_state=to_state,
         )
-    if fencing_token is not None:
+    if fencing_token is not None and fencing_resource is not None:
+        leases.check(fencing_resource, fencing_token)
+    elif fencing_token is not None:
         if op.run_id is None:
             raise InvalidInput(
                 f"expected operation {op.operation_id} to belong to a run when a fencing_token "

@@ -1,9 +1,10 @@
-"""Create the demo users (and, once the desk exists, demo data); prints their passwords."""
+"""Create the demo users and demo operations; prints the users' passwords."""
 
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
 from ledger import access
+from ledger.demo.operations import seed_operations
 
 DEMO_USERS = [
     # username, password, group, is_staff
@@ -14,7 +15,8 @@ DEMO_USERS = [
 
 
 class Command(BaseCommand):
-    help = "Create demo users admin, reviewer and viewer and print their passwords."
+    help = ("Create demo users admin, reviewer and viewer (printing their passwords) and "
+            "demo operations reconciled against a simulated articles service.")
 
     def handle(self, *args, **options):
         for username, password, group, is_staff in DEMO_USERS:
@@ -29,3 +31,4 @@ class Command(BaseCommand):
         self.stdout.write("Demo users (all see tenants default and acme):")
         for username, password, group, _ in DEMO_USERS:
             self.stdout.write(f"  {username:<9} password {password:<20} role {group}")
+        seed_operations(self.stdout)

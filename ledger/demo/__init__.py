@@ -1,0 +1,1 @@
+"""Demo data for `make demo`."""

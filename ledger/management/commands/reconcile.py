@@ -1,0 +1,90 @@
+"""`manage.py reconcile`: the reconciliation loop (one line per verdict)."""
+
+import logging
+import os
+import signal
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from ledger import reconcile
+
+logger = logging.getLogger("ledger.reconcile")
+
+
+class Command(BaseCommand):
+    help = (
+        "Reconcile outcome_unknown operations by reading the external systems, and turn "
+        "stale submissions of dead senders into outcome_unknown. Stops cleanly on SIGTERM."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true",
+                            help="one pass per worker, then exit")
+        parser.add_argument("--workers", type=int, default=1, help="worker threads (default 1)")
+        parser.add_argument("--limit", type=int, default=100,
+                            help="operations per pass and worker (default 100)")
+        parser.add_argument("--interval", type=float, default=5.0,
+                            help="seconds to wait when nothing is due (default 5)")
+        parser.add_argument("--worker-name", default="",
+                            help="prefix of the worker names (default reconcile-<pid>)")
+
+    def handle(self, *args, once, workers, limit, interval, worker_name, **options):
+        if workers < 1 or limit < 1 or interval < 0:
+            raise CommandError(
+                f"expected --workers >= 1, --limit >= 1 and --interval >= 0, found "
+                f"{workers}, {limit} and {interval}"
+            )
+        prefix = worker_name or f"reconcile-{os.getpid()}"
+        stop = threading.Event()
+        print_lock = threading.Lock()
+        totals = {"finished": 0}
+
+        def report(op, outcome):
+            with print_lock:
+                self.stdout.write(
+                    f"{op.operation_id} {op.operation} {outcome.verdict} -> {op.state}: "
+                    f"{outcome.detail}"
+                )
+
+        def work(name):
+            try:
+                while not stop.is_set():
+                    try:
+                        finished = reconcile.run_once(worker=name, limit=limit,
+                                                      on_verdict=report)
+                    except Exception:  # keep the loop alive; the next pass retries
+                        if once:
+                            raise
+                        logger.exception("reconcile pass of %s failed", name)
+                        stop.wait(interval)
+                        continue
+                    with print_lock:
+                        totals["finished"] += finished
+                    if once:
+                        return
+                    if finished == 0:
+                        stop.wait(interval)
+            finally:
+                connections.close_all()
+
+        previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        names = [f"{prefix}-{i}" for i in range(1, workers + 1)]
+        self.stdout.write(f"reconcile: started {', '.join(names)}"
+                          + (" (one pass)" if once else ""))
+        threads = [threading.Thread(target=work, args=(name,), name=name) for name in names]
+        try:
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(timeout=0.2)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self.stdout.write(
+            f"reconcile: stopped; finished {totals['finished']} operation(s)"
+        )
+

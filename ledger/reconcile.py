@@ -1,0 +1,557 @@
+"""Reconciliation: settle unknown outcomes by reading the external system, never by writing.
+
+A `Reconciler` registered for an operation name answers, for one operation, what the
+external system shows: `lookup` (by idempotency key or external id) first, `search` (a
+bounded search matched on the fingerprint) only when lookup returns None. Its verdict moves
+the operation:
+
+    Found        -> succeeded (external_id stored)
+    ProvenAbsent -> safe_to_retry if the retry policy allows it, else manual_review
+    Ambiguous    -> manual_review
+    NotYet       -> outcome_unknown again, next attempt after a backoff, until the grace
+                    period (from `unknown_since`) ends; then manual_review
+    no reconciler, or `max_failures` exceptions in a row -> manual_review
+
+The operations table is the queue. A worker claims one operation with `SELECT ... FOR
+UPDATE SKIP LOCKED`, moves it to `reconciling` under the lease `reconcile:<operation_id>`,
+calls the reconciler outside any transaction, then writes the verdict, its `Evidence` row,
+the transition and the lease release in one transaction fenced by that lease: a worker whose
+lease was taken over is refused (StaleFencingToken) and writes nothing. An operation left in
+`reconciling` by a dead worker is claimable again once its lease has expired.
+
+Nothing here ever sends, retries or writes to the external system.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Concat, Now
+from django.utils import timezone
+
+from ledger import leases
+from ledger.canonical import check_json, redact, scrub_text
+from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
+from ledger.models import Evidence, Lease, Operation
+from ledger.receipts import apply_transition
+from ledger.states import ActorKind, RetryPolicy, State
+
+logger = logging.getLogger("ledger.reconcile")
+
+# Evidence.verdict values; the review desk relies on these exact strings.
+FOUND = "found"
+PROVEN_ABSENT = "proven_absent"
+AMBIGUOUS = "ambiguous"
+NOT_YET = "not_yet"
+ERROR = "error"
+NO_RECONCILER = "no_reconciler"
+MATCHED_BY = ("idempotency_key", "external_id", "fingerprint", "")
+
+
+# --- verdicts ----------------------------------------------------------------------------
+
+
+class Verdict:
+    """What a reconciler saw. `observed` is stored (redacted) as evidence.
+
+    Optional keywords: `query` (what was asked, stored with the evidence; by default the
+    ledger describes the lookup or search it called) and `matched_by` (one of
+    "idempotency_key", "external_id", "fingerprint" or "").
+    """
+
+    verdict = ""
+
+    def __init__(self, observed=None, *, query=None, matched_by: str = ""):
+        self.observed = {} if observed is None else observed
+        self.query = {} if query is None else query
+        self.matched_by = matched_by
+
+    def __repr__(self):
+        return f"{type(self).__name__}(observed={self.observed!r})"
+
+
+class Found(Verdict):
+    """The effect exists in the external system, with this id."""
+
+    verdict = FOUND
+
+    def __init__(self, external_id: str, observed=None, *, query=None, matched_by: str = ""):
+        super().__init__(observed, query=query, matched_by=matched_by)
+        self.external_id = external_id
+
+    def __repr__(self):
+        return f"Found({self.external_id!r}, observed={self.observed!r})"
+
+
+class ProvenAbsent(Verdict):
+    """The external system shows, consistently, that the effect never happened."""
+
+    verdict = PROVEN_ABSENT
+
+
+class Ambiguous(Verdict):
+    """The reads cannot decide (several matches, a truncated search...): a person must."""
+
+    verdict = AMBIGUOUS
+
+    def __init__(self, observed=None, reason: str = "", *, query=None, matched_by: str = ""):
+        super().__init__(observed, query=query, matched_by=matched_by)
+        self.reason = reason
+
+
+class NotYet(Verdict):
+    """Nothing seen, but the read may not reflect recent writes yet (eventual consistency)."""
+
+    verdict = NOT_YET
+
+
+# --- reconcilers and their registry ------------------------------------------------------
+
+
+class Reconciler:
+    """Base class: subclass, implement `lookup` (and `search`), and `register` it.
+
+    Class attributes tune the engine per reconciler: `grace_period` (how long NotYet may
+    last, from `unknown_since`), `backoff_initial`/`backoff_max` (the exponential delay
+    between attempts), `lease_ttl` (how long one look-up may take before another worker may
+    take the operation over), `max_failures` (None: `LEDGER_RECONCILE_MAX_FAILURES`).
+    """
+
+    name = ""
+    grace_period = timedelta(minutes=5)
+    backoff_initial = timedelta(seconds=10)
+    backoff_max = timedelta(minutes=2)
+    lease_ttl = timedelta(minutes=2)
+    max_failures: int | None = None
+
+    def lookup(self, op: Operation) -> Verdict | None:
+        """A direct read by idempotency key or external id; None when it cannot decide."""
+        return None
+
+    def search(self, op: Operation) -> Verdict:
+        """A bounded search matched on the fingerprint; called only when lookup gave None."""
+        return Ambiguous(reason="lookup could not decide and this reconciler has no search")
+
+    @classmethod
+    def label(cls) -> str:
+        return cls.name or f"{cls.__module__}.{cls.__qualname__}"
+
+
+_registry: dict[str, type[Reconciler]] = {}
+_registry_lock = threading.Lock()
+_discovered = False
+
+
+def register(operation_name: str) -> Callable[[type[Reconciler]], type[Reconciler]]:
+    """Class decorator: `cls` reconciles operations named `operation_name`.
+
+    Registering another class for a name that already has one raises InvalidInput
+    (re-registering the same class, e.g. on a module reload, is allowed).
+    """
+    if not isinstance(operation_name, str) or not operation_name.strip():
+        raise InvalidInput(
+            f"expected an operation name like 'articles.create', found {operation_name!r}"
+        )
+
+    def decorate(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Reconciler)):
+            raise InvalidInput(f"expected a subclass of reconcile.Reconciler, found {cls!r}")
+        with _registry_lock:
+            existing = _registry.get(operation_name)
+            if existing is not None and existing.label() != cls.label():
+                raise InvalidInput(
+                    f"expected one reconciler for {operation_name!r}, found {existing.label()} "
+                    f"already registered when registering {cls.label()}"
+                )
+            _registry[operation_name] = cls
+        return cls
+
+    return decorate
+
+
+def unregister(operation_name: str) -> None:
+    """Forget the reconciler of `operation_name` (tests, plug-in reloads)."""
+    with _registry_lock:
+        _registry.pop(operation_name, None)
+
+
+def reconciler_for(operation_name: str) -> type[Reconciler] | None:
+    autodiscover()
+    return _registry.get(operation_name)
+
+
+def autodiscover() -> None:
+    """Import `LEDGER_RECONCILER_MODULES` once, so their registrations exist."""
+    global _discovered
+    if _discovered:
+        return
+    for module in getattr(settings, "LEDGER_RECONCILER_MODULES", ()):
+        importlib.import_module(module)
+    _discovered = True
+
+
+# --- one look-up: what the reconciler said ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of consulting a reconciler, ready to be stored as Evidence."""
+
+    verdict: str
+    reconciler: str
+    query: dict[str, Any]
+    observed: dict[str, Any]
+    matched_by: str = ""
+    detail: str = ""
+    external_id: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """An operation a worker holds in `reconciling` under lease `resource` with `token`."""
+
+    operation: Operation
+    worker: str
+    token: int
+    resource: str
+    version: int
+    taken_over_from: str = ""
+
+
+def consult(op: Operation) -> Outcome:
+    """Ask the registered reconciler about `op`: lookup, then search if lookup gave None.
+
+    Never inside a transaction, never raises for the reconciler's sake: an exception or a
+    malformed answer becomes an "error" outcome that carries the error.
+    """
+    cls = reconciler_for(op.operation)
+    if cls is None:
+        return Outcome(
+            verdict=NO_RECONCILER, reconciler="", query={}, observed={},
+            detail=f"no reconciler is registered for operation {op.operation!r}",
+        )
+    method = "lookup"
+    try:
+        reconciler = cls()
+        verdict = reconciler.lookup(op)
+        if verdict is None:
+            method = "search"
+            verdict = reconciler.search(op)
+        return _outcome(op, cls, method, verdict)
+    except Exception as exc:  # a reconciler's failure is evidence, not a crash of the loop
+        message = scrub_text(f"{type(exc).__name__}: {exc}")[:2000]
+        return Outcome(
+            verdict=ERROR, reconciler=cls.label(), query=_default_query(op, method),
+            observed={"error": type(exc).__name__, "message": message},
+            detail=f"{method} raised {message}",
+        )
+
+
+def _default_query(op: Operation, method: str) -> dict[str, Any]:
+    if method == "lookup":
+        return {"method": "lookup", "idempotency_key": op.idempotency_key,
+                "external_id": op.external_id}
+    return {"method": "search", "fingerprint": op.intent_fingerprint}
+
+
+def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) -> Outcome:
+    if not isinstance(verdict, Verdict) or not verdict.verdict:
+        raise InvalidInput(
+            f"expected {method} to return Found, ProvenAbsent, Ambiguous or NotYet"
+            f"{' (or None)' if method == 'lookup' else ''}, found {verdict!r}"
+        )
+    for name in ("observed", "query"):
+        value = getattr(verdict, name)
+        if not isinstance(value, dict):
+            raise InvalidInput(f"expected {name} to be a dict, found {type(value).__name__}")
+        check_json(value, what=name)
+    if verdict.matched_by not in MATCHED_BY:
+        raise InvalidInput(f"expected matched_by one of {MATCHED_BY}, found {verdict.matched_by!r}")
+    query = {**_default_query(op, method), **verdict.query}
+    common = {"reconciler": cls.label(), "query": redact(query),
+              "observed": redact(verdict.observed)}
+    if isinstance(verdict, Found):
+        external_id = verdict.external_id
+        if not isinstance(external_id, str) or not external_id.strip() or len(external_id) > 500:
+            raise InvalidInput(
+                f"expected Found to carry a non-empty external id of at most 500 characters, "
+                f"found {external_id!r}"
+            )
+        matched_by = verdict.matched_by or (
+            "fingerprint" if method == "search"
+            else "external_id" if op.external_id else "idempotency_key"
+        )
+        if op.external_id and op.external_id != external_id:
+            return Outcome(
+                verdict=AMBIGUOUS, matched_by=matched_by, **common,
+                detail=f"found {external_id}, but the receipt already names {op.external_id}",
+            )
+        return Outcome(verdict=FOUND, matched_by=matched_by, external_id=external_id,
+                       detail=f"{method} found {external_id}", **common)
+    detail = {
+        PROVEN_ABSENT: f"{method} proved the effect absent",
+        NOT_YET: f"{method} saw nothing yet, inside the service's consistency window",
+        AMBIGUOUS: f"{method} could not decide"
+        + (f": {verdict.reason}" if getattr(verdict, "reason", "") else ""),
+    }[verdict.verdict]
+    return Outcome(verdict=verdict.verdict, matched_by=verdict.matched_by,
+                   detail=scrub_text(detail)[:2000], **common)
+
+
+# --- claiming ------------------------------------------------------------------------------
+
+
+def claim_next(
+    *, worker: str, lease_ttl: timedelta | None = None, exclude: Iterable[int] = ()
+) -> Claim | None:
+    """Claim the next operation due for reconciliation, or None when there is none.
+
+    Due: `outcome_unknown` whose `next_attempt_at` has come, or `reconciling` whose lease
+    has expired (its worker died). Rows locked by another claimer are skipped, so many
+    workers never claim the same operation. The claim moves it to `reconciling` (a
+    take-over keeps it there) under a new, larger token of `reconcile:<operation_id>`.
+    """
+    _check_worker(worker)
+    autodiscover()
+    skip = set(exclude)
+    while True:
+        try:
+            return _claim(worker, lease_ttl, skip)
+        except LeaseHeld as exc:  # a live lease on a row we could lock: leave it alone
+            skip.add(exc.operation_pk)
+
+
+def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | None:
+    now = timezone.now()
+    live_lease = Lease.objects.filter(
+        resource=Concat(Value("reconcile:"), OuterRef("operation_id")), expires_at__gt=Now()
+    )
+    due = Q(state=State.OUTCOME_UNKNOWN) & (
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+    ) | Q(state=State.RECONCILING) & ~Exists(live_lease)
+    with transaction.atomic(durable=True):
+        candidates = list(
+            Operation.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(due)
+            .exclude(pk__in=skip)
+            .order_by(F("next_attempt_at").asc(nulls_first=True), "id")[:1]
+        )
+        if not candidates:
+            return None
+        op = candidates[0]
+        resource = f"reconcile:{op.operation_id}"
+        previous_owner = ""
+        if op.state == State.RECONCILING:
+            previous_owner = (
+                Lease.objects.filter(resource=resource).values_list("owner", flat=True).first()
+                or ""
+            )
+        cls = _registry.get(op.operation) or Reconciler
+        try:
+            token = leases.acquire(resource, worker, lease_ttl or cls.lease_ttl)
+        except LeaseHeld as exc:
+            exc.operation_pk = op.pk
+            raise
+        if op.state == State.OUTCOME_UNKNOWN:
+            apply_transition(
+                op, State.RECONCILING, actor_kind=ActorKind.RECONCILER, actor_id=worker,
+                reason=f"claimed by {worker} (attempt {op.reconcile_attempts + 1})",
+                fencing_token=token, fencing_resource=resource,
+            )
+    return Claim(operation=op, worker=worker, token=token, resource=resource,
+                 version=op.version, taken_over_from=previous_owner)
+
+
+def _check_worker(worker: Any) -> None:
+    if not isinstance(worker, str) or not worker.strip() or len(worker) > 200:
+        raise InvalidInput(
+            f"expected worker to be a non-empty name of at most 200 characters, found {worker!r}"
+        )
+
+
+# --- settling: verdict, evidence and transition in one fenced transaction ------------------
+
+
+def settle(claim: Claim, outcome: Outcome) -> Operation:
+    """Store `outcome` as Evidence and move the claimed operation, fenced by the claim's lease.
+
+    One transaction: the lease token is checked (StaleFencingToken if another worker took
+    the operation over; then nothing at all is written), the transition and its event, the
+    Evidence row, and the release of the lease. Returns the updated operation.
+    """
+    op = claim.operation
+    cls = _registry.get(op.operation) or Reconciler
+    now = timezone.now()
+    to_state, reason, changes = _decide(op, outcome, cls, now)
+    if claim.taken_over_from and claim.taken_over_from != claim.worker:
+        reason += f"; taken over from {claim.taken_over_from} after its lease expired"
+    with transaction.atomic(durable=True):
+        # Lock the row before the lease, in the order claims take them (no deadlock).
+        list(Operation.objects.select_for_update().filter(pk=op.pk).values_list("pk"))
+        apply_transition(
+            op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=claim.worker,
+            reason=reason, fencing_token=claim.token, fencing_resource=claim.resource,
+            expected_version=claim.version, changes=changes,
+            evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
+                      "matched_by": outcome.matched_by},
+        )
+        Evidence.objects.create(
+            operation=op, reconciler=outcome.reconciler[:200], query=outcome.query,
+            observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
+            detail=outcome.detail, created_at=now,
+        )
+        leases.release(claim.resource, claim.worker, claim.token)
+    return op
+
+
+def _decide(
+    op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime
+) -> tuple[str, str, dict[str, Any]]:
+    attempts = op.reconcile_attempts + 1
+    changes: dict[str, Any] = {"reconcile_attempts": attempts, "next_attempt_at": None}
+    verdict = outcome.verdict
+    if verdict == FOUND:
+        changes.update(external_id=outcome.external_id, reconcile_failures=0)
+        return State.SUCCEEDED, f"found {outcome.external_id} ({outcome.matched_by})", changes
+    if verdict == PROVEN_ABSENT:
+        changes["reconcile_failures"] = 0
+        if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN:
+            return State.SAFE_TO_RETRY, "proven absent: safe to retry", changes
+        return (State.MANUAL_REVIEW,
+                "proven absent, but the retry policy is 'never': a person decides", changes)
+    if verdict in (AMBIGUOUS, NO_RECONCILER):
+        return State.MANUAL_REVIEW, outcome.detail, changes
+    if verdict == NOT_YET:
+        unknown_since = op.unknown_since or op.state_changed_at
+        grace_end = unknown_since + cls.grace_period
+        if now >= grace_end:
+            return (State.MANUAL_REVIEW,
+                    f"still not visible after the grace period of {cls.grace_period} "
+                    f"(unknown since {unknown_since.isoformat()})", changes)
+        changes["next_attempt_at"] = min(now + _backoff(cls, attempts), grace_end)
+        return (State.OUTCOME_UNKNOWN,
+                f"not visible yet; next attempt at {changes['next_attempt_at'].isoformat()}",
+                changes)
+    # ERROR
+    failures = op.reconcile_failures + 1
+    limit = cls.max_failures or settings.LEDGER_RECONCILE_MAX_FAILURES
+    changes["reconcile_failures"] = failures
+    if failures >= limit:
+        return (State.MANUAL_REVIEW,
+                f"reconciler failed {failures} times (limit {limit}): {outcome.detail}"[:2000],
+                changes)
+    changes["next_attempt_at"] = now + _backoff(cls, attempts)
+    return (State.OUTCOME_UNKNOWN,
+            f"reconciler failed ({failures} of {limit}): {outcome.detail}"[:2000], changes)
+
+
+def _backoff(cls: type[Reconciler], attempts: int) -> timedelta:
+    return min(cls.backoff_initial * (2 ** min(attempts - 1, 30)), cls.backoff_max)
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+def run_once(
+    *,
+    worker: str,
+    limit: int = 100,
+    lease_ttl: timedelta | None = None,
+    stale_after: timedelta | None = None,
+    on_verdict: Callable[[Operation, Outcome], None] | None = None,
+) -> int:
+    """One pass: sweep stale submissions, then reconcile up to `limit` due operations.
+
+    Returns how many operations it finished (moved to succeeded, safe_to_retry or
+    manual_review); NotYet and retried errors go back to outcome_unknown and do not count.
+    Each operation is consulted at most once per pass. A verdict refused because another
+    worker took the operation over is logged and dropped. `on_verdict(op, outcome)` is
+    called after each stored verdict (the `reconcile` command prints them).
+    """
+    _check_worker(worker)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidInput(f"expected limit to be a positive integer, found {limit!r}")
+    autodiscover()
+    if stale_after is None:
+        stale_after = timedelta(seconds=settings.LEDGER_STALE_SUBMISSION_SECONDS)
+    sweep_stale_submissions(older_than=stale_after)
+    finished = 0
+    seen: set[int] = set()
+    for _ in range(limit):
+        claim = claim_next(worker=worker, lease_ttl=lease_ttl, exclude=seen)
+        if claim is None:
+            break
+        seen.add(claim.operation.pk)
+        outcome = consult(claim.operation)
+        try:
+            op = settle(claim, outcome)
+        except (StaleFencingToken, StaleVersion) as exc:
+            logger.warning("worker %s lost operation %s; its %s verdict was discarded: %s",
+                           worker, claim.operation.operation_id, outcome.verdict, exc)
+            continue
+        if on_verdict is not None:
+            on_verdict(op, outcome)
+        if op.state != State.OUTCOME_UNKNOWN:
+            finished += 1
+    return finished
+
+
+# --- crashed senders -------------------------------------------------------------------------
+
+
+def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
+    """`submitted` operations older than `older_than` whose sender is gone -> outcome_unknown.
+
+    Gone: no live lease `run:<run_id>` (an operation without a run counts as gone once
+    old). Each gets an event saying why. Returns how many it moved. Never sends anything.
+    """
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise InvalidInput(f"expected older_than to be a timedelta >= 0, found {older_than!r}")
+    cutoff = timezone.now() - older_than
+    run_lease = Lease.objects.filter(resource=Concat(Value("run:"), OuterRef("run__run_id")))
+    moved = 0
+    with transaction.atomic(durable=True):
+        stale = (
+            Operation.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(state=State.SUBMITTED, submitted_at__lt=cutoff)
+            .filter(Q(run__isnull=True) | ~Exists(run_lease.filter(expires_at__gt=Now())))
+            .annotate(
+                run_name=F("run__run_id"),
+                lease_owner=Subquery(run_lease.values("owner")[:1]),
+                lease_expired_at=Subquery(run_lease.values("expires_at")[:1]),
+            )
+            .order_by("submitted_at", "id")[:limit]
+        )
+        for op in stale:
+            reason = _why_gone(op, older_than)
+            apply_transition(
+                op, State.OUTCOME_UNKNOWN, actor_kind=ActorKind.SYSTEM,
+                actor_id="sweep_stale_submissions", reason=reason,
+                changes={"error_code": "SenderGone", "error_detail": reason},
+                evidence={"submitted_at": op.submitted_at.isoformat(), "run": op.run_name,
+                          "lease_owner": op.lease_owner,
+                          "lease_expired_at": op.lease_expired_at.isoformat()
+                          if op.lease_expired_at else None,
+                          "older_than_seconds": older_than.total_seconds()},
+            )
+            moved += 1
+    return moved
+
+
+def _why_gone(op: Operation, older_than: timedelta) -> str:
+    age = f"submitted at {op.submitted_at.isoformat()}, more than {older_than} ago"
+    if op.run_name is None:
+        return f"sender gone: {age}, and no run holds a lease for it"
+    if op.lease_owner is None:
+        return f"sender gone: {age}, and run:{op.run_name} was never leased"
+    return (f"sender gone: {age}, and the lease run:{op.run_name} of {op.lease_owner} "
+            f"expired at {op.lease_expired_at.isoformat()}")
