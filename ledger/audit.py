@@ -1,8 +1,8 @@
 """The one writer of OperationEvent rows.
 
 Every transition of an operation appends exactly one event here, in the caller's
-transaction. Evidence and reasons are agent- or person-written: secrets are masked before
-they are stored.
+transaction, linked into its tenant's hash chain (`ledger.chain`). Evidence and reasons are
+agent- or person-written: secrets are masked before they are stored.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from ledger import chain
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.models import Operation, OperationEvent
 
@@ -27,10 +28,15 @@ def append_operation_event(
     fencing_token: int | None = None,
     now: datetime,
 ) -> OperationEvent:
+    """Append the event, chained after the tenant's last one; inside the caller's transaction.
+
+    The chain head of the tenant stays locked until that transaction ends, so concurrent
+    writers of one tenant are serialized; keep the transaction short.
+    """
     if evidence is not None:
         check_json(evidence, what="evidence")
-        evidence = redact(evidence)
-    return OperationEvent.objects.create(
+        evidence = chain.normalize(redact(evidence))
+    event = OperationEvent(
         operation=op,
         tenant=op.tenant,
         version=version,
@@ -43,3 +49,9 @@ def append_operation_event(
         fencing_token=fencing_token,
         created_at=now,
     )
+    event.operation_ref = op.operation_id
+    payload = chain.operation_event_payload(event)
+    linked = chain.link(chain.OPERATION_EVENTS.name, op.tenant, payload)
+    event.chain_seq, event.chain_hash = linked.seq, linked.hash
+    event.save(force_insert=True)
+    return event
