@@ -108,7 +108,7 @@ def set_policy(
     nothing) for a malformed pattern or day count. A call that changes nothing writes nothing.
     """
     access.require_perm(user, "ledger.change_retentionpolicy", doing="change retention")
-    values = _checked_values(pattern, tenant, purge_after_days, redact_after_days,
+    values = check_policy_values(pattern, tenant, purge_after_days, redact_after_days,
                              keep_events_days)
     now = timezone.now()
     with transaction.atomic(durable=True):
@@ -155,7 +155,7 @@ def _audit(policy, action, *, user, before, after, now) -> RetentionChange:
     )
 
 
-def _checked_values(pattern, tenant, purge_after_days, redact_after_days, keep_events_days):
+def check_policy_values(pattern, tenant, purge_after_days, redact_after_days, keep_events_days):
     if not isinstance(pattern, str) or not _PATTERN.match(pattern) or len(pattern) > 200:
         raise InvalidInput(
             "expected a pattern of operation-name characters (letters, digits, _ . : / -) and "
