@@ -86,6 +86,7 @@ class TenantAccessAdmin(admin.ModelAdmin):
 
 from django import forms  # noqa: E402
 from django.contrib import messages  # noqa: E402
+from django.contrib.admin.options import csrf_protect_m  # noqa: E402
 
 from ledger import retention  # noqa: E402
 from ledger.errors import LedgerError  # noqa: E402
@@ -129,6 +130,16 @@ class RetentionPolicyAdmin(admin.ModelAdmin):
                     "keep_events_days", "updated_by", "updated_at"]
     list_select_related = ["updated_by"]
     actions = None  # bulk delete would skip the audit
+
+    # ledger.retention opens its own durable transaction, so these views must not wrap
+    # the save in the admin's usual atomic block.
+    @csrf_protect_m
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._changeform_view(request, object_id, form_url, extra_context)
+
+    @csrf_protect_m
+    def delete_view(self, request, object_id, extra_context=None):
+        return self._delete_view(request, object_id, extra_context)
 
     def get_readonly_fields(self, request, obj=None):
         # Pattern and tenant name the policy; changing them is a new policy.
