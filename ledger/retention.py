@@ -420,14 +420,16 @@ def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
     where, params = _purgeable_sql(policy, ordered, now)
     with transaction.atomic(durable=True), pgtrigger.ignore(*_APPEND_ONLY):
         with connection.cursor() as cursor:
-            # The rule appears twice: once to pick the batch, and again in the DELETE's own
-            # WHERE, evaluated against the row as it is when it is deleted.
+            # The rule appears twice: once to pick the batch (materialized, so the LIMIT
+            # holds), and again in the DELETE's own WHERE, evaluated against the row as it
+            # is when it is deleted.
             cursor.execute(
                 f"""
-                DELETE FROM ledger_operation o
-                WHERE o.id IN (SELECT o.id FROM ledger_operation o WHERE {where}
-                               ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
-                  AND {where}
+                WITH batch AS MATERIALIZED (
+                    SELECT o.id FROM ledger_operation o WHERE {where}
+                    ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
+                DELETE FROM ledger_operation o USING batch
+                WHERE o.id = batch.id AND {where}
                 RETURNING o.id, o.operation_id
                 """,
                 [*params, batch, *params],
@@ -492,14 +494,16 @@ def _redact_batch(run, policy, ordered, now, batch) -> list[str]:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""
+                WITH batch AS MATERIALIZED (
+                    SELECT o.id FROM ledger_operation o WHERE {where}
+                    ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
                 UPDATE ledger_operation o
                 SET intent = %s::jsonb, error_detail = '', redacted_at = %s
-                WHERE o.id IN (SELECT o.id FROM ledger_operation o WHERE {where}
-                               ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
-                  AND {where}
+                FROM batch
+                WHERE o.id = batch.id AND {where}
                 RETURNING o.id, o.operation_id, o.tenant, o.intent_fingerprint
                 """,
-                [payload, redacted_at, *params, batch, *params],
+                [*params, batch, payload, redacted_at, *params],
             )
             updated = cursor.fetchall()
             if not updated:
