@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, connections
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
@@ -86,7 +87,7 @@ def test_purge_shows_progress_per_batch(thirty_days, capsys):
 
 @pytest.mark.django_db
 def test_bad_batch_size_is_refused(thirty_days):
-    with pytest.raises(Exception, match="expected batch to be from 1 to 10000"):
+    with pytest.raises(CommandError, match="expected batch to be from 1 to 10000"):
         call_command("purge", "--batch", "0")
     assert not PurgeRun.objects.exists()
 

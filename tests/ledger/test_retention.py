@@ -268,7 +268,7 @@ def test_a_registered_blocker_keeps_an_operation_from_purge_and_redaction(admin_
     held, free, held_young, free_young = (OperationFactory(state=State.SUCCEEDED)
                                           for _ in range(4))
     for op in (held, held_young):
-        add_evidence(op).verdict  # noqa: B018
+        add_evidence(op)
         Evidence.objects.create(operation=op, reconciler="articles", verdict="ambiguous",
                                 created_at=timezone.now())
     complete_days_ago(held, 40)
