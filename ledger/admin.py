@@ -80,3 +80,122 @@ class TenantAccessAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "granted_at"]
     list_filter = ["tenant"]
     autocomplete_fields = ["user"]
+
+
+# --- retention and tamper evidence -------------------------------------------------------
+
+from django import forms  # noqa: E402
+from django.contrib import messages  # noqa: E402
+from django.contrib.admin.options import csrf_protect_m  # noqa: E402
+
+from ledger import retention  # noqa: E402
+from ledger.errors import LedgerError  # noqa: E402
+from ledger.models import (  # noqa: E402
+    AuditVerification,
+    ChainAnchor,
+    ChainHead,
+    PurgeRun,
+    Redaction,
+    RetentionChange,
+    RetentionPolicy,
+)
+
+
+class RetentionPolicyForm(forms.ModelForm):
+    class Meta:
+        model = RetentionPolicy
+        fields = ["pattern", "tenant", "purge_after_days", "redact_after_days",
+                  "keep_events_days"]
+
+    def clean(self):
+        cleaned = super().clean()
+        # The same rules set_policy applies, as form errors rather than a failed save.
+        try:
+            retention.check_policy_values(
+                cleaned.get("pattern"), cleaned.get("tenant") or "",
+                cleaned.get("purge_after_days"), cleaned.get("redact_after_days"),
+                cleaned.get("keep_events_days"),
+            )
+        except LedgerError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return cleaned
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(admin.ModelAdmin):
+    """Every save and delete goes through ledger.retention, which audits it."""
+
+    form = RetentionPolicyForm
+    list_display = ["pattern", "tenant", "purge_after_days", "redact_after_days",
+                    "keep_events_days", "updated_by", "updated_at"]
+    list_select_related = ["updated_by"]
+    actions = None  # bulk delete would skip the audit
+
+    # ledger.retention opens its own durable transaction, so these views must not wrap
+    # the save in the admin's usual atomic block.
+    @csrf_protect_m
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        return self._changeform_view(request, object_id, form_url, extra_context)
+
+    @csrf_protect_m
+    def delete_view(self, request, object_id, extra_context=None):
+        return self._delete_view(request, object_id, extra_context)
+
+    def get_readonly_fields(self, request, obj=None):
+        # Pattern and tenant name the policy; changing them is a new policy.
+        return ["pattern", "tenant"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        saved = retention.set_policy(
+            obj.pattern, tenant=obj.tenant, purge_after_days=obj.purge_after_days,
+            redact_after_days=obj.redact_after_days, keep_events_days=obj.keep_events_days,
+            user=request.user,
+        )
+        obj.pk = saved.pk
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and obj.is_default:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_model(self, request, obj):
+        try:
+            retention.delete_policy(obj, user=request.user)
+        except LedgerError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+
+
+@admin.register(RetentionChange)
+class RetentionChangeAdmin(ReadOnlyAdmin):
+    list_display = ["changed_at", "changed_by_name", "action", "before", "after"]
+    list_filter = ["action"]
+
+
+@admin.register(PurgeRun)
+class PurgeRunAdmin(ReadOnlyAdmin):
+    list_display = ["started_at", "finished_at", "dry_run", "actor", "policy_snapshot",
+                    "operations_purged", "events_purged", "operations_redacted",
+                    "first_operation_id", "last_operation_id"]
+    list_filter = ["dry_run"]
+
+
+@admin.register(Redaction)
+class RedactionAdmin(ReadOnlyAdmin):
+    list_display = ["operation_ref", "tenant", "intent_fingerprint", "evidence_rows",
+                    "redacted_at"]
+    search_fields = ["=operation_ref"]
+
+
+@admin.register(ChainHead)
+class ChainHeadAdmin(ReadOnlyAdmin):
+    list_display = ["chain", "tenant", "seq", "hash"]
+
+
+@admin.register(ChainAnchor)
+class ChainAnchorAdmin(ReadOnlyAdmin):
+    list_display = ["chain", "tenant", "seq", "hash", "purge_run", "created_at"]
+
+
+@admin.register(AuditVerification)
+class AuditVerificationAdmin(ReadOnlyAdmin):
+    list_display = ["finished_at", "actor", "is_intact", "links_checked", "first_break"]

@@ -288,7 +288,7 @@ def apply_transition(
         actor_id=actor_id, reason=reason, evidence=evidence, fencing_token=fencing_token, now=now,
     )
     if not audit.update_operation_with_event(
-        op.pk, state=from_state, version=version, changes=fields, event=event
+        op, state=from_state, version=version, changes=fields, event=event
     ):
         raise _stale(op, from_state, version)
     for name, value in fields.items():

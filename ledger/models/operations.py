@@ -3,7 +3,7 @@
 import pgtrigger
 from django.db import models
 
-from ledger.states import ActorKind, RetryPolicy, State, transition_check_sql
+from ledger.states import TERMINAL, ActorKind, RetryPolicy, State, transition_check_sql
 
 _EVENT_RECORDED = """
     IF NOT EXISTS (SELECT 1 FROM ledger_operationevent
@@ -14,6 +14,20 @@ _EVENT_RECORDED = """
                              'ledger.receipts', NEW.operation_id, NEW.version, NEW.state);
     END IF;
     RETURN NULL;
+"""
+
+_TERMINAL_SQL = ", ".join(f"'{state}'" for state in sorted(TERMINAL))
+_TERMINAL_TEXT = ", ".join(sorted(TERMINAL))
+# The database's own guarantee behind retention: nothing unfinished is ever forgotten.
+_DELETE_TERMINAL_ONLY = f"""
+    IF OLD.state NOT IN ({_TERMINAL_SQL}) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected a terminal operation ({_TERMINAL_TEXT}) '
+                             'to delete, found state %s; only the retention purge removes '
+                             'operations, and never unfinished ones', OLD.operation_id,
+                             OLD.state);
+    END IF;
+    RETURN OLD;
 """
 
 
@@ -67,6 +81,8 @@ class Operation(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     reconcile_attempts = models.PositiveIntegerField(default=0)
     reconcile_failures = models.PositiveIntegerField(default=0)
+    # Set when retention replaced the intent (ledger.retention); fingerprint and ids remain.
+    redacted_at = models.DateTimeField(null=True, blank=True)
 
     objects = OperationQuerySet.as_manager()
 
@@ -132,6 +148,12 @@ class Operation(models.Model):
                 func=_EVENT_RECORDED,
             ),
             pgtrigger.Trigger(
+                name="operation_delete_terminal_only",
+                operation=pgtrigger.Delete,
+                when=pgtrigger.Before,
+                func=_DELETE_TERMINAL_ONLY,
+            ),
+            pgtrigger.Trigger(
                 name="operation_change_evented",
                 operation=pgtrigger.Update,
                 when=pgtrigger.After,
@@ -176,12 +198,16 @@ class OperationEvent(models.Model):
     evidence = models.JSONField(null=True, blank=True)
     fencing_token = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
+    # Tamper evidence (ledger.chain): position in the tenant's chain and the link's hash.
+    chain_seq = models.BigIntegerField()
+    chain_hash = models.CharField(max_length=64)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["operation", "version"], name="event_one_per_operation_version"
-            )
+            ),
+            models.UniqueConstraint(fields=["tenant", "chain_seq"], name="event_chain_seq_unique"),
         ]
         indexes = [
             models.Index(fields=["created_at", "id"], name="event_time_idx"),
@@ -209,6 +235,8 @@ class Evidence(models.Model):
     matched_by = models.CharField(max_length=40, blank=True)
     detail = models.TextField(blank=True)
     created_at = models.DateTimeField()
+    # Set when retention replaced query, observed and detail (ledger.retention).
+    redacted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "evidence"

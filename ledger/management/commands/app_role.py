@@ -1,0 +1,27 @@
+"""manage.py app_role --role NAME: run ledger/sql/app_role.sql against the database."""
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand
+from django.db import connection, transaction
+
+SCRIPT = Path(__file__).resolve().parents[2] / "sql" / "app_role.sql"
+
+
+def create_app_role(role: str) -> None:
+    """Create (or refresh the grants of) `role`, inside the caller's transaction if any."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('ledger.app_role', %s, true)", [role])
+        cursor.execute(SCRIPT.read_text())
+
+
+class Command(BaseCommand):
+    help = ("Create an application role without UPDATE/DELETE/TRUNCATE on the audit tables "
+            "(runs ledger/sql/app_role.sql; rerun after migrations).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--role", default="ledger_app")
+
+    def handle(self, *args, role, **options):
+        create_app_role(role)
+        self.stdout.write(f"role {role} has no UPDATE, DELETE or TRUNCATE on the audit tables")

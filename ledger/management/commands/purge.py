@@ -1,0 +1,44 @@
+"""manage.py purge [--dry-run] [--batch N]: apply every retention policy now."""
+
+import getpass
+import socket
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger import retention
+from ledger.errors import LedgerError
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete terminal operations (with their events and evidence) older than their "
+        "retention policy allows, then redact the intents of those past redact_after_days. "
+        "Small batches, one short transaction each; safe to interrupt and rerun."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--dry-run", action="store_true",
+                            help="count what would be purged and redacted; change nothing")
+        parser.add_argument("--batch", type=int, default=500,
+                            help="operations per transaction (default 500)")
+        parser.add_argument("--actor", default="",
+                            help="who runs it, for the PurgeRun record (default user@host)")
+
+    def handle(self, *args, dry_run, batch, actor, verbosity, **options):
+        actor = actor or f"manage.py purge ({getpass.getuser()}@{socket.gethostname()})"
+        say = self.stdout.write if verbosity > 0 else None
+        try:
+            result = retention.purge(actor=actor, batch=batch, dry_run=dry_run, progress=say)
+        except LedgerError as exc:
+            raise CommandError(str(exc)) from exc
+        except KeyboardInterrupt:
+            self.stderr.write("interrupted: every finished batch is committed; "
+                              "run purge again to continue")
+            raise SystemExit(130) from None
+        verb = "would purge" if dry_run else "purged"
+        self.stdout.write(
+            f"{verb} {sum(r.operations_purged for r in result.runs)} operations, "
+            f"{'would redact' if dry_run else 'redacted'} "
+            f"{sum(r.operations_redacted for r in result.runs)}, "
+            f"in {len(result.runs)} policies"
+        )

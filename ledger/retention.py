@@ -1,0 +1,527 @@
+"""Retention: which policy governs an operation, what may be purged or redacted, and the purge.
+
+An operation may be purged only when it is terminal AND completed more than the governing
+policy's horizon ago (`purge_after_days`, or `keep_events_days` if longer: its events go with
+it) AND nothing in `PURGE_BLOCKERS` holds it. The rule is SQL (`_purgeable_sql`) and is
+evaluated again inside each DELETE, so a row that changed after it was counted is never
+taken; a database trigger also refuses deleting a non-terminal operation, whoever asks.
+
+Redaction replaces the intent (and the payloads of its Evidence rows) of a terminal
+operation `redact_after_days` after completion; the fingerprint, ids, states and events stay,
+and each redaction is recorded in a `Redaction` row.
+
+Policy writes (`set_policy`, `delete_policy`) are audited in `RetentionChange`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pgtrigger
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ledger import access, chain
+from ledger.canonical import REDACTED, canonical_json
+from ledger.errors import InvalidInput
+from ledger.models import (
+    ChainAnchor,
+    PurgeRun,
+    Redaction,
+    RetentionChange,
+    RetentionPolicy,
+)
+from ledger.states import TERMINAL
+
+# What a redacted intent, evidence query or observation holds instead of its payload.
+REDACTED_PAYLOAD = {"retention": REDACTED}
+MAX_DAYS = 36500
+_PATTERN = re.compile(r"^[A-Za-z0-9_.:/*?-]+$")
+_WILDCARDS = "*?"
+_APPEND_ONLY = (
+    "ledger.OperationEvent:event_append_only",
+    "ledger.Evidence:evidence_append_only",
+)
+Progress = Callable[[str], None]
+
+
+# --- which policy governs ----------------------------------------------------------------
+
+
+def specificity(policy: RetentionPolicy) -> tuple:
+    """Sort key: the most specific policy first. Of the policies matching an operation:
+
+    1. one naming the operation's tenant beats one for every tenant;
+    2. then fewer wildcards (`*`, `?`) win: `articles.create` beats `articles.*`;
+    3. then the longer literal prefix (text before the first wildcard) wins:
+       `articles.c*` beats `articles.*`;
+    4. then the longer pattern; last, alphabetical order, so the choice is always the same.
+    The default policy (`*`, every tenant) therefore comes last.
+    """
+    pattern = policy.pattern
+    wildcards = sum(pattern.count(c) for c in _WILDCARDS)
+    prefix = len(re.split(r"[*?]", pattern, maxsplit=1)[0])
+    return (0 if policy.tenant else 1, wildcards, -prefix, -len(pattern), pattern, policy.tenant)
+
+
+def policies_by_specificity() -> list[RetentionPolicy]:
+    return sorted(RetentionPolicy.objects.all(), key=specificity)
+
+
+def matches(policy: RetentionPolicy, operation: str, tenant: str) -> bool:
+    return (not policy.tenant or policy.tenant == tenant) and fnmatch.fnmatchcase(
+        operation, policy.pattern
+    )
+
+
+def resolve_policy(
+    operation: str, tenant: str, policies: list[RetentionPolicy] | None = None
+) -> RetentionPolicy | None:
+    """The policy that governs operations named `operation` in `tenant`, or None."""
+    for policy in policies if policies is not None else policies_by_specificity():
+        if matches(policy, operation, tenant):
+            return policy
+    return None
+
+
+# --- policy writes -----------------------------------------------------------------------
+
+
+def set_policy(
+    pattern: str,
+    *,
+    tenant: str = "",
+    purge_after_days: int,
+    redact_after_days: int | None = None,
+    keep_events_days: int | None = None,
+    user,
+) -> RetentionPolicy:
+    """Create or change the policy for (`pattern`, `tenant`); audited with who, before, after.
+
+    `keep_events_days` None means the same as `purge_after_days`; `redact_after_days` None
+    means never redact. Needs `ledger.change_retentionpolicy`. Raises InvalidInput (writing
+    nothing) for a malformed pattern or day count. A call that changes nothing writes nothing.
+    """
+    access.require_perm(user, "ledger.change_retentionpolicy", doing="change retention")
+    values = check_policy_values(pattern, tenant, purge_after_days, redact_after_days,
+                             keep_events_days)
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        policy = (
+            RetentionPolicy.objects.select_for_update()
+            .filter(pattern=values["pattern"], tenant=values["tenant"]).first()
+        )
+        before = policy.as_audit_dict() if policy else None
+        if before == values:
+            return policy
+        if policy is None:
+            policy = RetentionPolicy(created_by=user, created_at=now, **values)
+        for name, value in values.items():
+            setattr(policy, name, value)
+        policy.updated_by, policy.updated_at = user, now
+        policy.save()
+        _audit(policy, RetentionChange.Action.UPDATED if before else RetentionChange.Action.CREATED,
+               user=user, before=before, after=values, now=now)
+        return policy
+
+
+def delete_policy(policy: RetentionPolicy, *, user) -> None:
+    """Delete `policy`; audited. The default policy (`*`, every tenant) cannot be deleted."""
+    access.require_perm(user, "ledger.delete_retentionpolicy", doing="delete retention policies")
+    if policy.is_default:
+        raise InvalidInput(
+            "expected a policy other than the default ('*', every tenant) to delete, found the "
+            "default; change its days instead"
+        )
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        locked = RetentionPolicy.objects.select_for_update().filter(pk=policy.pk).first()
+        if locked is None:
+            return
+        _audit(locked, RetentionChange.Action.DELETED, user=user,
+               before=locked.as_audit_dict(), after=None, now=now)
+        locked.delete()
+
+
+def _audit(policy, action, *, user, before, after, now) -> RetentionChange:
+    return RetentionChange.objects.create(
+        policy_id=policy.pk, action=action, changed_by=user,
+        changed_by_name=user.get_username(), before=before, after=after, changed_at=now,
+    )
+
+
+def check_policy_values(pattern, tenant, purge_after_days, redact_after_days, keep_events_days):
+    if not isinstance(pattern, str) or not _PATTERN.match(pattern) or len(pattern) > 200:
+        raise InvalidInput(
+            "expected a pattern of operation-name characters (letters, digits, _ . : / -) and "
+            f"wildcards * ?, at most 200 long, found {pattern!r}"
+        )
+    if not isinstance(tenant, str) or len(tenant) > 100 or tenant != tenant.strip():
+        raise InvalidInput(f"expected tenant to be a tenant name or '' (every tenant), "
+                           f"found {tenant!r}")
+    _check_days("purge_after_days", purge_after_days)
+    if keep_events_days is None:
+        keep_events_days = purge_after_days
+    _check_days("keep_events_days", keep_events_days)
+    if redact_after_days is not None:
+        _check_days("redact_after_days", redact_after_days)
+        if redact_after_days > purge_after_days:
+            raise InvalidInput(
+                f"expected redact_after_days at most purge_after_days ({purge_after_days}), "
+                f"found {redact_after_days}: the operation would be purged before redaction"
+            )
+    return {"pattern": pattern, "tenant": tenant, "purge_after_days": purge_after_days,
+            "redact_after_days": redact_after_days, "keep_events_days": keep_events_days}
+
+
+def _check_days(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DAYS:
+        raise InvalidInput(f"expected {name} to be a whole number of days from 1 to "
+                           f"{MAX_DAYS}, found {value!r}")
+
+
+# --- eligibility (SQL over `o`, an alias of ledger_operation) ----------------------------
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Something that keeps an operation from being purged or redacted.
+
+    `holds_sql` is a SQL predicate over `o` (ledger_operation), TRUE when `o` must be kept.
+    """
+
+    name: str
+    holds_sql: str
+
+
+# PLUG-IN POINT for rules owned by other modules. Every entry is checked inside each purge
+# and redaction statement. Open obligations and open fact conflicts tied to an operation
+# (ledger.models.execution) belong here, e.g.
+#   Blocker("open obligation", "EXISTS (SELECT 1 FROM ledger_obligation ob "
+#           "WHERE ob.operation_id = o.id AND ob.committed_at IS NULL)")
+PURGE_BLOCKERS: list[Blocker] = []
+
+
+def blockers() -> list[Blocker]:
+    """The rules, beyond terminal-and-old, that keep an operation; see PURGE_BLOCKERS."""
+    return list(PURGE_BLOCKERS)
+
+
+def _like(pattern: str) -> str:
+    escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace("*", "%").replace("?", "_")
+
+
+def _match_sql(policy: RetentionPolicy) -> tuple[str, list]:
+    if policy.tenant:
+        return "(o.operation LIKE %s ESCAPE '\\' AND o.tenant = %s)", [
+            _like(policy.pattern), policy.tenant]
+    return "(o.operation LIKE %s ESCAPE '\\')", [_like(policy.pattern)]
+
+
+def _governs_sql(policy: RetentionPolicy, ordered: list[RetentionPolicy]) -> tuple[str, list]:
+    """`o` matches `policy` and no policy more specific than it."""
+    sql, params = _match_sql(policy)
+    for other in ordered[: ordered.index(policy)]:
+        other_sql, other_params = _match_sql(other)
+        sql += f" AND NOT {other_sql}"
+        params += other_params
+    return sql, params
+
+
+def _kept_sql() -> str:
+    return "".join(f" AND NOT ({b.holds_sql})" for b in blockers())
+
+
+def _terminal_sql() -> str:
+    return "o.state IN (" + ", ".join(f"'{s}'" for s in sorted(TERMINAL)) + ")"
+
+
+def _purgeable_sql(policy, ordered, now: datetime) -> tuple[str, list]:
+    governs, params = _governs_sql(policy, ordered)
+    cutoff = now - timedelta(days=policy.purge_horizon_days)
+    return (f"{_terminal_sql()} AND o.completed_at < %s AND {governs}{_kept_sql()}",
+            [cutoff, *params])
+
+
+def _redactable_sql(policy, ordered, now: datetime) -> tuple[str, list] | None:
+    if policy.redact_after_days is None:
+        return None
+    governs, params = _governs_sql(policy, ordered)
+    cutoff = now - timedelta(days=policy.redact_after_days)
+    return (f"{_terminal_sql()} AND o.completed_at < %s AND o.redacted_at IS NULL "
+            f"AND {governs}{_kept_sql()}", [cutoff, *params])
+
+
+# --- preview -----------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyPreview:
+    policy: RetentionPolicy
+    operations: int = 0
+    events: int = 0
+    evidence: int = 0
+    redactions: int = 0
+    first_operation_id: str = ""
+    last_operation_id: str = ""
+
+
+@dataclass(frozen=True)
+class TableSize:
+    table: str
+    rows: int
+    total_bytes: int
+
+
+LEDGER_TABLES = (
+    "ledger_operation", "ledger_operationevent", "ledger_evidence", "ledger_redaction",
+    "ledger_chainanchor", "ledger_purgerun", "ledger_retentionchange",
+)
+
+
+def preview(*, now: datetime | None = None) -> list[PolicyPreview]:
+    """Per policy (most specific first): what the next purge would delete and redact now."""
+    now = now or timezone.now()
+    ordered = policies_by_specificity()
+    return [_preview_one(policy, ordered, now) for policy in ordered]
+
+
+def _preview_one(policy, ordered, now) -> PolicyPreview:
+    result = PolicyPreview(policy=policy)
+    where, params = _purgeable_sql(policy, ordered, now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH doomed AS (SELECT o.id, o.operation_id FROM ledger_operation o WHERE {where})
+            SELECT (SELECT count(*) FROM doomed),
+                   (SELECT count(*) FROM ledger_operationevent e
+                     WHERE e.operation_id IN (SELECT id FROM doomed)),
+                   (SELECT count(*) FROM ledger_evidence ev
+                     WHERE ev.operation_id IN (SELECT id FROM doomed)),
+                   (SELECT coalesce(min(operation_id), '') FROM doomed),
+                   (SELECT coalesce(max(operation_id), '') FROM doomed)
+            """,
+            params,
+        )
+        (result.operations, result.events, result.evidence, result.first_operation_id,
+         result.last_operation_id) = cursor.fetchone()
+        redactable = _redactable_sql(policy, ordered, now)
+        if redactable:
+            # What the purge leaves behind; it deletes before it redacts.
+            cursor.execute(
+                f"SELECT count(*) FROM ledger_operation o WHERE ({redactable[0]}) "
+                f"AND NOT ({where})", redactable[1] + params,
+            )
+            result.redactions = cursor.fetchone()[0]
+    return result
+
+
+def table_sizes() -> list[TableSize]:
+    """Rows (exact) and on-disk size with indexes and TOAST of the ledger's big tables."""
+    sizes = []
+    with connection.cursor() as cursor:
+        for table in LEDGER_TABLES:
+            cursor.execute(f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}")
+            rows, total = cursor.fetchone()
+            sizes.append(TableSize(table=table, rows=rows, total_bytes=total))
+    return sizes
+
+
+def retention_overview(*, now: datetime | None = None) -> dict[str, Any]:
+    """What the desk's retention page shows: per-policy preview and the ledger's size."""
+    return {
+        "previews": preview(now=now),
+        "tables": table_sizes(),
+        "last_runs": list(PurgeRun.objects.order_by("-started_at", "-id")[:10]),
+        "changes": list(RetentionChange.objects.order_by("-changed_at", "-id")[:20]),
+    }
+
+
+# --- the purge ---------------------------------------------------------------------------
+
+
+@dataclass
+class PurgeResult:
+    runs: list[PurgeRun] = field(default_factory=list)
+    purged_operation_ids: list[str] = field(default_factory=list)
+    redacted_operation_ids: list[str] = field(default_factory=list)
+
+
+def purge(
+    *,
+    actor: str,
+    batch: int = 500,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    progress: Progress | None = None,
+) -> PurgeResult:
+    """Purge, then redact, what every policy allows; one `PurgeRun` per policy.
+
+    Works in batches of at most `batch` operations, each its own short transaction
+    (`atomic(durable=True)` per batch rather than one around the whole purge, so locks are
+    short and an interruption loses at most the batch in flight); the rule is re-checked
+    inside each statement and rows locked by others are skipped for the next run. Safe to
+    interrupt and rerun. `dry_run` writes only the PurgeRun, with the counts a real purge
+    would reach now. Never deletes a non-terminal operation.
+    """
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
+        raise InvalidInput(f"expected batch to be from 1 to 10000 operations, found {batch!r}")
+    now = now or timezone.now()
+    say = progress or (lambda message: None)
+    ordered = policies_by_specificity()
+    result = PurgeResult()
+    for policy in ordered:
+        run = _start_run(policy, actor=actor, batch=batch, dry_run=dry_run)
+        result.runs.append(run)
+        if dry_run:
+            _record_dry_run(run, _preview_one(policy, ordered, now))
+        else:
+            _purge_policy(run, policy, ordered, now, batch, say, result)
+            _redact_policy(run, policy, ordered, now, batch, say, result)
+        run.finished_at = timezone.now()
+        run.save(update_fields=["finished_at"])
+        say(f"{policy}: {'would purge' if dry_run else 'purged'} {run.operations_purged} "
+            f"operations ({run.events_purged} events, {run.evidence_purged} evidence), "
+            f"{'would redact' if dry_run else 'redacted'} {run.operations_redacted}")
+    return result
+
+
+def _start_run(policy, *, actor, batch, dry_run) -> PurgeRun:
+    return PurgeRun.objects.create(
+        policy=policy, policy_snapshot=policy.as_audit_dict(), dry_run=dry_run,
+        actor=actor[:200], batch_size=batch, started_at=timezone.now(),
+    )
+
+
+def _record_dry_run(run: PurgeRun, seen: PolicyPreview) -> None:
+    run.operations_purged, run.events_purged = seen.operations, seen.events
+    run.evidence_purged, run.operations_redacted = seen.evidence, seen.redactions
+    run.first_operation_id, run.last_operation_id = (seen.first_operation_id,
+                                                     seen.last_operation_id)
+    run.save()
+
+
+def _purge_policy(run, policy, ordered, now, batch, say, result) -> None:
+    while True:
+        ids = _purge_batch(run, policy, ordered, now, batch)
+        if not ids:
+            return
+        result.purged_operation_ids.extend(ids)
+        say(f"{policy}: purged {run.operations_purged} operations so far")
+
+
+def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
+    where, params = _purgeable_sql(policy, ordered, now)
+    with transaction.atomic(durable=True), pgtrigger.ignore(*_APPEND_ONLY):
+        with connection.cursor() as cursor:
+            # The rule appears twice: once to pick the batch (materialized, so the LIMIT
+            # holds), and again in the DELETE's own WHERE, evaluated against the row as it
+            # is when it is deleted.
+            cursor.execute(
+                f"""
+                WITH batch AS MATERIALIZED (
+                    SELECT o.id FROM ledger_operation o WHERE {where}
+                    ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
+                DELETE FROM ledger_operation o USING batch
+                WHERE o.id = batch.id AND {where}
+                RETURNING o.id, o.operation_id
+                """,
+                [*params, batch, *params],
+            )
+            deleted = cursor.fetchall()
+            if not deleted:
+                return []
+            pks = [pk for pk, _ in deleted]
+            cursor.execute("DELETE FROM ledger_evidence WHERE operation_id = ANY(%s)", [pks])
+            evidence = cursor.rowcount
+            cursor.execute(
+                "DELETE FROM ledger_operationevent WHERE operation_id = ANY(%s) "
+                "RETURNING tenant, chain_seq, chain_hash", [pks],
+            )
+            links = cursor.fetchall()
+        _anchor(run, links)
+        ids = sorted(operation_id for _, operation_id in deleted)
+        run.operations_purged += len(ids)
+        run.events_purged += len(links)
+        run.evidence_purged += evidence
+        _extend_range(run, ids)
+        run.save()
+    return ids
+
+
+def _anchor(run: PurgeRun, links: list[tuple[str, int, str]]) -> None:
+    """Anchor the last deleted link of each gap this batch made, so the rest verifies."""
+    deleted = {(tenant, seq) for tenant, seq, _ in links}
+    now = timezone.now()
+    ChainAnchor.objects.bulk_create(
+        [
+            ChainAnchor(chain=chain.OPERATION_EVENTS.name, tenant=tenant, seq=seq, hash=digest,
+                        purge_run=run, created_at=now)
+            for tenant, seq, digest in links
+            if (tenant, seq + 1) not in deleted
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _extend_range(run: PurgeRun, ids: list[str]) -> None:
+    run.first_operation_id = min(filter(None, [run.first_operation_id, ids[0]]))
+    run.last_operation_id = max(run.last_operation_id, ids[-1])
+
+
+def _redact_policy(run, policy, ordered, now, batch, say, result) -> None:
+    if _redactable_sql(policy, ordered, now) is None:
+        return
+    while True:
+        ids = _redact_batch(run, policy, ordered, now, batch)
+        if not ids:
+            return
+        result.redacted_operation_ids.extend(ids)
+        say(f"{policy}: redacted {run.operations_redacted} operations so far")
+
+
+def _redact_batch(run, policy, ordered, now, batch) -> list[str]:
+    where, params = _redactable_sql(policy, ordered, now)
+    payload = canonical_json(REDACTED_PAYLOAD)
+    redacted_at = timezone.now()
+    with transaction.atomic(durable=True), pgtrigger.ignore(*_APPEND_ONLY):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                WITH batch AS MATERIALIZED (
+                    SELECT o.id FROM ledger_operation o WHERE {where}
+                    ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
+                UPDATE ledger_operation o
+                SET intent = %s::jsonb, error_detail = '', redacted_at = %s
+                FROM batch
+                WHERE o.id = batch.id AND {where}
+                RETURNING o.id, o.operation_id, o.tenant, o.intent_fingerprint
+                """,
+                [*params, batch, payload, redacted_at, *params],
+            )
+            updated = cursor.fetchall()
+            if not updated:
+                return []
+            cursor.execute(
+                "UPDATE ledger_evidence SET query = %s::jsonb, observed = %s::jsonb, "
+                "detail = '', redacted_at = %s WHERE operation_id = ANY(%s) "
+                "RETURNING operation_id",
+                [payload, payload, redacted_at, [row[0] for row in updated]],
+            )
+            evidence = [row[0] for row in cursor.fetchall()]
+        Redaction.objects.bulk_create(
+            Redaction(operation_ref=operation_id, tenant=tenant, intent_fingerprint=fp,
+                      evidence_rows=evidence.count(pk), purge_run=run, redacted_at=redacted_at)
+            for pk, operation_id, tenant, fp in updated
+        )
+        run.operations_redacted += len(updated)
+        run.evidence_redacted += len(evidence)
+        run.save(update_fields=["operations_redacted", "evidence_redacted"])
+    return sorted(row[1] for row in updated)
+

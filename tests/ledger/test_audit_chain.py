@@ -1,0 +1,276 @@
+"""Tamper evidence: hash-chained events, verify_audit, purge anchors, the application role."""
+
+import re
+import threading
+
+import pgtrigger
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, connections, transaction
+from django.db.utils import DatabaseError
+
+from ledger import chain, receipts, retention
+from ledger.management.commands.app_role import SCRIPT, create_app_role
+from ledger.models import (
+    AuditVerification,
+    ChainAnchor,
+    ChainHead,
+    Operation,
+    OperationEvent,
+)
+from ledger.states import State
+from tests.factories import OperationFactory
+from tests.support.processes import spawn
+from tests.support.retention import complete_days_ago, raw_connection, retention_admin
+
+
+def events_of(tenant="default"):
+    return list(OperationEvent.objects.filter(tenant=tenant).order_by("chain_seq"))
+
+
+# --- the chain ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_each_event_links_to_the_previous_one_of_its_tenant():
+    OperationFactory(state=State.SUCCEEDED)
+    OperationFactory(state=State.REJECTED, tenant="acme")
+    OperationFactory(state=State.ABANDONED)
+    events = events_of("default")
+    assert [e.chain_seq for e in events] == [1, 2, 3, 4, 5]  # 3 + 2 transitions
+    assert [e.chain_seq for e in events_of("acme")] == [1, 2, 3]
+    prev = chain.GENESIS
+    for event in events:
+        event.operation_ref = event.operation.operation_id
+        assert event.chain_hash == chain.link_hash(
+            chain.operation_event_payload(event), prev=prev, seq=event.chain_seq)
+        prev = event.chain_hash
+    head = ChainHead.objects.get(chain="operation_events", tenant="default")
+    assert (head.seq, head.hash) == (5, prev)
+
+
+@pytest.mark.django_db
+def test_evidence_numbers_that_jsonb_rewrites_still_verify():
+    op = receipts.record_intent("articles.create", "t", {"title": "x"})
+    receipts.mark_submitted(op)
+    receipts.mark_succeeded(op, evidence={"big": 1e20, "odd": 1.2345e21, "zero": -0.0,
+                                          "small": 1e-7, "list": [0.1, 2 ** 70]})
+    result = chain.verify(actor="test")
+    assert result.is_intact, result.first_break
+
+
+@pytest.mark.django_db
+def test_a_transition_its_chain_link_and_its_event_are_one_statement():
+    op = receipts.record_intent("articles.create", "t", {"title": "x"})
+    # savepoint, one WITH statement (UPDATE operation, chain head upsert, INSERT event), release
+    with CaptureCount() as captured:
+        receipts.mark_submitted(op)
+    assert captured.count == 3
+    [statement] = [sql for sql in captured.sql if "ledger_chainhead" in sql]
+    assert "UPDATE ledger_operation" in statement
+    assert "INSERT INTO ledger_operationevent" in statement
+
+
+class CaptureCount:
+    def __enter__(self):
+        from django.test.utils import CaptureQueriesContext
+
+        self._ctx = CaptureQueriesContext(connection)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        self.sql = [q["sql"] for q in self._ctx.captured_queries]
+        self.count = len(self.sql)
+
+
+def test_link_outside_a_transaction_is_refused(db):
+    with pytest.raises(RuntimeError, match="inside the writer's transaction"):
+        # pytest-django wraps the test in a transaction; leave it to show the guard.
+        connection.in_atomic_block = False
+        try:
+            chain.link("operation_events", "default", {"x": 1})
+        finally:
+            connection.in_atomic_block = True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_of_one_tenant_never_fork_the_chain():
+    ops = [OperationFactory() for _ in range(8)]
+    errors = []
+    barrier = threading.Barrier(len(ops))
+
+    def finish(op):
+        try:
+            barrier.wait()
+            receipts.mark_submitted(op)
+            receipts.mark_succeeded(op)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=finish, args=(op,)) for op in ops]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert [e.chain_seq for e in events_of()] == list(range(1, 8 * 3 + 1))
+    assert chain.verify(actor="test").is_intact
+
+
+# --- verify_audit -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_verify_audit_passes_on_an_untouched_trail_and_records_when(capsys):
+    OperationFactory(state=State.SUCCEEDED)
+    OperationFactory(state=State.SUCCEEDED, tenant="acme")
+    call_command("verify_audit", actor="test")
+    assert "audit trail intact: 6 links in 2 chains" in capsys.readouterr().out
+    record = AuditVerification.objects.get()
+    assert (record.is_intact, record.links_checked, record.first_break) == (True, 6, None)
+    status = chain.audit_status(tenants={"acme"})
+    assert [(h["tenant"], h["seq"]) for h in status["heads"]] == [("acme", 3)]
+    assert status["last_verification"] == record
+
+
+def tamper(sql, params):
+    """Change the audit trail as a superuser would, with every trigger bypassed."""
+    with raw_connection() as raw:
+        raw.execute("SET session_replication_role = replica")
+        raw.execute(sql, params)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_event_altered_behind_the_triggers_is_found_and_named():
+    OperationFactory(state=State.SUCCEEDED)
+    victim = OperationFactory(state=State.SUCCEEDED)
+    OperationFactory(state=State.SUCCEEDED)
+    event = OperationEvent.objects.get(operation=victim, version=3)
+    tamper("UPDATE ledger_operationevent SET actor_id = 'someone else' WHERE id = %s",
+           [event.pk])
+    with pytest.raises(CommandError) as raised:
+        call_command("verify_audit", actor="test")
+    message = str(raised.value)
+    assert f"event_id {event.pk}" in message
+    assert f"operation_id {victim.operation_id}" in message
+    assert f"found {event.chain_hash}" in message
+    assert re.search(r"expected [0-9a-f]{64}", message)
+    record = AuditVerification.objects.get()
+    assert not record.is_intact and record.first_break["event_id"] == event.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verify_audit_exits_non_zero_on_a_break():
+    op = OperationFactory(state=State.SUCCEEDED)
+    tamper("UPDATE ledger_operationevent SET reason = 'nothing happened' "
+           "WHERE operation_id = %s AND version = 1", [op.pk])
+    child = spawn("""
+        from django.core.management import execute_from_command_line
+        execute_from_command_line(["manage.py", "verify_audit"])
+    """)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 1, (out, err)
+    assert f"operation_id {op.operation_id}" in err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deleted_event_is_a_missing_link():
+    ops = [OperationFactory(state=State.SUCCEEDED) for _ in range(2)]
+    gone = OperationEvent.objects.get(operation=ops[0], version=2)
+    tamper("DELETE FROM ledger_operationevent WHERE id = %s", [gone.pk])
+    result = chain.verify(actor="test")
+    assert result.first_break.seq == gone.chain_seq + 1
+    assert "missing and no purge anchor" in result.first_break.message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_removing_the_newest_events_is_found_through_the_chain_head():
+    op = OperationFactory(state=State.SUCCEEDED)
+    tamper("DELETE FROM ledger_operationevent WHERE operation_id = %s AND version = 3", [op.pk])
+    result = chain.verify(actor="test")
+    assert not result.is_intact
+    assert "chain head is not the last link" in result.first_break.message
+
+
+# --- purge anchors ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_purge_followed_by_verify_audit_passes(capsys):
+    user = retention_admin()
+    retention.set_policy("*", purge_after_days=10, user=user)
+    # Interleave purged and kept operations in one chain, and purge the newest events too.
+    kept_early = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    purged = [OperationFactory(state=State.SUCCEEDED) for _ in range(3)]
+    kept_late = OperationFactory(state=State.SUCCEEDED)
+    purged.append(OperationFactory(state=State.REJECTED))
+    for op in purged:
+        complete_days_ago(op, 11)
+    retention.purge(actor="test", batch=2)
+    assert set(Operation.objects.values_list("pk", flat=True)) == {kept_early.pk, kept_late.pk}
+    head = ChainHead.objects.get(tenant="default")
+    assert ChainAnchor.objects.filter(tenant="default", seq=head.seq, hash=head.hash).exists()
+    call_command("verify_audit", actor="test")
+    assert "audit trail intact" in capsys.readouterr().out
+    # New events after the purge continue the same chain.
+    receipts.mark_submitted(OperationFactory())
+    assert chain.verify(actor="test").is_intact
+
+
+@pytest.mark.django_db
+def test_events_stay_append_only_outside_the_purge():
+    op = OperationFactory(state=State.SUCCEEDED)
+    with pytest.raises(DatabaseError), transaction.atomic():
+        OperationEvent.objects.filter(operation=op).update(reason="rewritten")
+    with pytest.raises(DatabaseError), transaction.atomic():
+        OperationEvent.objects.filter(operation=op).delete()
+    open_op = OperationFactory(state=State.MANUAL_REVIEW)
+    with pytest.raises(DatabaseError, match="expected a terminal operation"), \
+            transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM ledger_operation WHERE id = %s", [open_op.pk])
+
+
+# --- the application role -----------------------------------------------------------------
+
+AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentionchange",
+                "ledger_redaction", "ledger_chainanchor"]
+
+
+def test_the_role_script_covers_every_append_only_table():
+    from django.apps import apps
+
+    protected = {
+        model._meta.db_table
+        for model in apps.get_app_config("ledger").get_models()
+        if any(isinstance(t, pgtrigger.Protect) for t in getattr(model._meta, "triggers", []))
+    }
+    array = SCRIPT.read_text().split("ARRAY[", 1)[1].split("]", 1)[0]
+    listed = set(re.findall(r"'(ledger_\w+)'", array))
+    assert protected == set(AUDIT_TABLES) == listed
+
+
+@pytest.mark.django_db
+def test_the_app_role_cannot_update_delete_or_truncate_audit_tables_but_can_write():
+    OperationFactory(state=State.SUCCEEDED)
+    create_app_role("ledger_app_test")
+    with connection.cursor() as cursor:
+        cursor.execute("SET ROLE ledger_app_test")
+        for table in AUDIT_TABLES:
+            for statement in (f"UPDATE {table} SET id = id", f"DELETE FROM {table}",
+                              f"TRUNCATE {table}"):
+                with pytest.raises(DatabaseError) as refused, transaction.atomic():
+                    cursor.execute(statement)
+                assert refused.value.__cause__.sqlstate == "42501", statement  # no privilege
+        # What the application does every day still works under the role.
+        op = receipts.record_intent("articles.create", "t", {"title": "as the app"})
+        receipts.mark_submitted(op)
+        receipts.mark_succeeded(op, external_id="a-1")
+        cursor.execute("SELECT current_user")
+        assert cursor.fetchone() == ("ledger_app_test",)
+        cursor.execute("RESET ROLE")
+    assert Operation.objects.get(pk=op.pk).state == State.SUCCEEDED

@@ -1,0 +1,47 @@
+"""Helpers for the retention tests: age operations, make admins, read raw connections."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+from django.db import connection
+from django.utils import timezone
+
+from tests.factories import UserFactory
+
+
+def complete_days_ago(op, days: float, *, now=None) -> None:
+    """Move `op.completed_at` `days` into the past with a raw UPDATE.
+
+    The operation trigger allows it: state and version stay the same. Done even for a
+    non-terminal operation, to show that age alone never makes one purgeable.
+
+    Also fires the deferred "every change has its event" checks of the writes so far: a
+    non-transactional test never commits, and a purge deletes the events those checks
+    would look for at the end of the test.
+    """
+    when = (now or timezone.now()) - timedelta(days=days)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_operation SET completed_at = %s WHERE id = %s",
+                       [when, op.pk])
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+    op.completed_at = when
+
+
+def retention_admin(username: str = "retention-admin"):
+    """A superuser: has every permission even after a transactional test flushed the groups."""
+    user = UserFactory(username=username, tenants=[])
+    user.is_superuser = True
+    user.save(update_fields=["is_superuser"])
+    return user
+
+
+def raw_connection() -> psycopg.Connection:
+    """A new superuser connection to the test database, outside Django, autocommit."""
+    settings = connection.settings_dict
+    return psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"] or None, dbname=settings["NAME"],
+        user=settings["USER"], password=settings["PASSWORD"] or None, autocommit=True,
+    )
