@@ -94,3 +94,38 @@ class UserFactory(factory.django.DjangoModelFactory):
         if create:
             for tenant in extracted if extracted is not None else ["default"]:
                 access.grant(self, tenant)
+
+
+def add_evidence(
+    op: Operation,
+    *,
+    verdict: str,
+    to_state: str | None = None,
+    observed: dict | None = None,
+    query: dict | None = None,
+    reconciler: str = "articles.create",
+    matched_by: str = "",
+    detail: str = "",
+):
+    """What a reconciler would write: an optional transition plus one Evidence row.
+
+    Both in one transaction, through `receipts.apply_transition` (the reconciler's own API
+    is not needed to set up a review-desk test). Returns the Evidence.
+    """
+    from django.utils import timezone
+
+    from ledger.models import Evidence
+
+    observed = {} if observed is None else observed
+    with transaction.atomic():
+        if to_state is not None:
+            receipts.apply_transition(
+                op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
+                reason=f"verdict {verdict}", evidence={"verdict": verdict},
+            )
+        return Evidence.objects.create(
+            operation=op, reconciler=reconciler, query=query or {"idempotency_key":
+                                                                  op.idempotency_key},
+            observed=observed, verdict=verdict, matched_by=matched_by, detail=detail,
+            created_at=timezone.now(),
+        )
