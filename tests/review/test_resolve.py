@@ -168,7 +168,9 @@ def test_a_decision_runs_a_fixed_number_of_queries(client, reviewer, django_asse
         decide(client, op, State.ABANDONED)
 
 
-@pytest.mark.django_db(transaction=True)
+# serialized_rollback: the flush after a transactional test would drop the role groups
+# that a data migration created; this restores them for the tests that follow.
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
 def test_two_reviewers_at_once_one_wins_the_other_is_told_one_event():
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
     users = [UserFactory(username=name, role="reviewer") for name in ("alice", "bob")]
