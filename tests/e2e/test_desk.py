@@ -5,10 +5,14 @@ import pytest
 from ledger.models import Operation
 from ledger.states import State
 from tests.e2e.conftest import log_in, screenshot
-from tests.factories import OperationFactory, UserFactory, add_evidence
+from tests.factories import OperationFactory, UserFactory, add_evidence, ensure_roles
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.django_db(transaction=True, serialized_rollback=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def roles(transactional_db):
+    ensure_roles()
 
 HOSTILE_TITLE = "<img src=x onerror=alert(1)>"
 HOSTILE_BODY = "</script><script>alert(1)</script>"

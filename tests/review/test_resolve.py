@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from ledger.models import Operation, OperationEvent
 from ledger.states import ActorKind, State
-from tests.factories import OperationFactory, UserFactory
+from tests.factories import OperationFactory, UserFactory, ensure_roles
 
 
 def resolve_url(op):
@@ -168,10 +168,9 @@ def test_a_decision_runs_a_fixed_number_of_queries(client, reviewer, django_asse
         decide(client, op, State.ABANDONED)
 
 
-# serialized_rollback: the flush after a transactional test would drop the role groups
-# that a data migration created; this restores them for the tests that follow.
-@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+@pytest.mark.django_db(transaction=True)
 def test_two_reviewers_at_once_one_wins_the_other_is_told_one_event():
+    ensure_roles()
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
     users = [UserFactory(username=name, role="reviewer") for name in ("alice", "bob")]
     version = op.version

@@ -48,6 +48,7 @@ def test_manage_check_deploy_passes_with_production_settings():
         DATABASE_URL="postgres://ledger@127.0.0.1:5432/ledger",
     )
     env.pop("LEDGER_DATABASE_NAME", None)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # set by the browser tests for themselves
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
