@@ -1,14 +1,165 @@
-from django.shortcuts import redirect
+"""The review desk's pages. Thin: parse the form, call one `ledger` function, render.
+
+Every page renders whole, or only its `{% partialdef %}` fragment for an htmx request.
+Visibility comes from `ledger.selectors` (another tenant's operation is a 404) and every
+decision goes through `ledger.receipts.resolve`, which checks permissions again.
+"""
+
+from __future__ import annotations
+
+import csv
+
+from django.contrib import messages
+from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from ledger import errors, receipts, selectors
+from ledger.models import Operation
+from ledger.states import State
+from review.forms import ACTION_LABELS, AuditFilterForm, QueueFilterForm, ResolveForm
+
+view_required = permission_required("ledger.view_operation", raise_exception=True)
+resolve_required = permission_required("ledger.resolve_operation", raise_exception=True)
 
 
+def _render(request, template: str, fragment: str, context: dict, *, status: int = 200):
+    """The fragment for htmx, the whole page otherwise (history restores get the page)."""
+    partial = request.htmx and not request.htmx.history_restore_request
+    name = f"{template}#{fragment}" if partial else template
+    return render(request, name, context, status=status)
+
+
+@require_GET
+@view_required
 def queue(request):
-    return redirect("admin:ledger_operation_changelist")
+    form = QueueFilterForm(request.GET)
+    page = selectors.review_queue(request.user, form.filters(), **form.page_args())
+    context = {"form": form, "page": page, "states": State}
+    return _render(request, "review/queue.html", "results", context)
 
 
-def operation_detail(request, operation_id):
-    from django.shortcuts import get_object_or_404
+@require_GET
+@view_required
+def operation_detail(request, operation_id: str):
+    return _detail(request, operation_id)
 
-    from ledger.models import Operation
 
-    op = get_object_or_404(Operation, operation_id=operation_id)
-    return redirect("admin:ledger_operation_change", op.pk)
+def _detail(request, operation_id: str, *, form: ResolveForm | None = None, status: int = 200):
+    try:
+        detail = selectors.operation_detail(request.user, operation_id)
+    except Operation.DoesNotExist:
+        raise Http404(f"no operation {operation_id} among the tenants you may see") from None
+    op = detail.operation
+    if form is None:
+        form = ResolveForm(initial={"version": op.version})
+    context = {
+        "detail": detail,
+        "op": op,
+        "form": form,
+        "actions": [(state, ACTION_LABELS[state]) for state in detail.resolutions],
+        "offers_external_id": State.SUCCEEDED in detail.resolutions,
+    }
+    return _render(request, "review/operation.html", "decision", context, status=status)
+
+
+@require_POST
+@resolve_required
+def resolve(request, operation_id: str):
+    """Record one decision; POST/redirect/GET, or the fresh decision fragment for htmx."""
+    visible = selectors.visible_operations(request.user)
+    op = visible.filter(operation_id=operation_id).first()
+    if op is None:
+        raise Http404(f"no operation {operation_id} among the tenants you may see")
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        return _detail(request, operation_id, form=form, status=422)
+    to_state = form.cleaned_data["to_state"]
+    try:
+        receipts.resolve(
+            op, to_state, user=request.user, reason=form.cleaned_data["reason"],
+            external_id=(form.cleaned_data["external_id"] or None)
+            if to_state == State.SUCCEEDED else None,
+            expected_version=form.cleaned_data["version"],
+        )
+    except errors.PermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except errors.StaleVersion as exc:
+        messages.warning(request, stale_message(exc))
+    except (errors.IllegalTransition, errors.InvalidInput) as exc:
+        messages.error(request, f"Nothing recorded: {exc}")
+    else:
+        messages.success(
+            request, f"Recorded: {ACTION_LABELS[to_state]} on {op.operation_id}."
+        )
+    if request.htmx:
+        return _detail(request, operation_id)
+    return redirect(op)
+
+
+def stale_message(exc: errors.StaleVersion) -> str:
+    """Who decided first, and when: the reviewer who lost the race reads this."""
+    event, current = exc.last_event, exc.current
+    if event is None or current is None:
+        return f"Nothing recorded: {exc}"
+    who = event.actor_id or event.get_actor_kind_display().lower()
+    return (
+        f"Nothing recorded: {who} ({event.get_actor_kind_display().lower()}) already moved "
+        f"this operation {event.from_state or '-'} -> {event.to_state} at "
+        f"{event.created_at:%Y-%m-%d %H:%M:%S} UTC"
+        + (f" (reason: {event.reason})" if event.reason else "")
+        + f". It is now {State(current.state).label.lower()}, version {current.version}."
+    )
+
+
+@require_GET
+@view_required
+def audit(request):
+    form = AuditFilterForm(request.GET)
+    page = selectors.audit_page(request.user, form.filters(), **form.page_args())
+    context = {"form": form, "page": page}
+    return _render(request, "review/audit.html", "results", context)
+
+
+CSV_COLUMNS = ["time", "operation_id", "tenant", "operation", "version", "from_state",
+               "to_state", "actor_kind", "actor_id", "reason"]
+
+
+@require_GET
+@view_required
+def audit_csv(request):
+    """The filtered audit log as CSV, streamed in keyset batches."""
+    form = AuditFilterForm(request.GET)
+    events = selectors.iter_audit_events(request.user, form.filters())
+    writer = csv.writer(_Echo())
+
+    def rows():
+        yield writer.writerow(CSV_COLUMNS)
+        for event in events:
+            yield writer.writerow([csv_safe(value) for value in (
+                event.created_at.isoformat(), event.operation.operation_id, event.tenant,
+                event.operation.operation, event.version, event.from_state, event.to_state,
+                event.actor_kind, event.actor_id, event.reason,
+            )])
+
+    response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
+    return response
+
+
+class _Echo:
+    def write(self, value):
+        return value
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def csv_safe(value) -> str:
+    """Text a spreadsheet will not run: a leading = + - @ tab or CR gets a quote mark."""
+    text = "" if value is None else str(value)
+    if text.startswith(_FORMULA_STARTS):
+        return "'" + text
+    return text

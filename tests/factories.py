@@ -94,3 +94,61 @@ class UserFactory(factory.django.DjangoModelFactory):
         if create:
             for tenant in extracted if extracted is not None else ["default"]:
                 access.grant(self, tenant)
+
+
+def add_evidence(
+    op: Operation,
+    *,
+    verdict: str,
+    to_state: str | None = None,
+    observed: dict | None = None,
+    query: dict | None = None,
+    reconciler: str = "articles.create",
+    matched_by: str = "",
+    detail: str = "",
+):
+    """What a reconciler would write: an optional transition plus one Evidence row.
+
+    Both in one transaction, through `receipts.apply_transition` (the reconciler's own API
+    is not needed to set up a review-desk test). Returns the Evidence.
+    """
+    from django.utils import timezone
+
+    from ledger.models import Evidence
+
+    observed = {} if observed is None else observed
+    with transaction.atomic():
+        if to_state is not None:
+            receipts.apply_transition(
+                op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
+                reason=f"verdict {verdict}", evidence={"verdict": verdict},
+            )
+        return Evidence.objects.create(
+            operation=op, reconciler=reconciler, query=query or {"idempotency_key":
+                                                                  op.idempotency_key},
+            observed=observed, verdict=verdict, matched_by=matched_by, detail=detail,
+            created_at=timezone.now(),
+        )
+
+
+def ensure_roles() -> None:
+    """Recreate the role groups of migration 0002_roles if a flush removed them.
+
+    Transactional tests (`transaction=True`) end with a flush that empties every table,
+    including the groups a data migration created; tests that run after one and need the
+    roles call this first.
+    """
+    import importlib
+
+    from django.apps import apps
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.auth.models import Permission
+
+    for app_config in apps.get_app_configs():
+        create_permissions(app_config, verbosity=0)
+    roles = importlib.import_module("ledger.migrations.0002_roles").ROLES
+    for name, codenames in roles.items():
+        group, _ = Group.objects.get_or_create(name=name)
+        group.permissions.set(
+            Permission.objects.filter(content_type__app_label="ledger", codename__in=codenames)
+        )

@@ -1,0 +1,377 @@
+"""Reads the review desk needs: the queue, one operation, its duplicates, the audit log.
+
+Every function takes the acting `user` and only ever returns rows of tenants that user
+may see (`ledger.access.tenants_for`). List reads are keyset-paginated on
+(timestamp, id) and run a fixed number of queries whatever the page size; nothing here
+counts the whole operations table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import (
+    BooleanField,
+    Count,
+    Exists,
+    F,
+    Func,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.utils import timezone
+
+from ledger import access, states
+from ledger.errors import InvalidInput
+from ledger.models import Evidence, Operation, OperationEvent
+from ledger.states import ActorKind, RetryPolicy, State
+
+# The verdict strings the reconciler writes to Evidence.verdict.
+AMBIGUOUS = "ambiguous"
+# The pseudo-state the queue uses for conflicting operations.
+CONFLICTING = "conflicting"
+# Conflicting operations are counted up to this many (then shown as "100+").
+CONFLICT_COUNT_CAP = 100
+MAX_PAGE_SIZE = 200
+
+
+class _HasSeveralMatches(Func):
+    """`observed["matches"]` is a list of two or more (lax jsonpath: a non-list is one)."""
+
+    template = "jsonb_path_exists(%(expressions)s, '$.matches[1]')"
+    output_field = BooleanField()
+
+
+def visible_operations(user) -> QuerySet[Operation]:
+    """Operations of the tenants `user` may see (none for a user without grants)."""
+    return Operation.objects.for_tenants(access.tenants_for(user))
+
+
+def _latest_evidence():
+    return Evidence.objects.filter(operation=OuterRef("pk")).order_by("-created_at", "-id")
+
+
+def _ambiguous_unsettled() -> Exists:
+    """The latest evidence is ambiguous with several matches and no person decided since."""
+    later = Evidence.objects.filter(operation=OuterRef("operation")).filter(
+        Q(created_at__gt=OuterRef("created_at"))
+        | Q(created_at=OuterRef("created_at"), id__gt=OuterRef("id"))
+    )
+    decided_since = OperationEvent.objects.filter(
+        operation=OuterRef("operation"),
+        actor_kind=ActorKind.HUMAN,
+        created_at__gte=OuterRef("created_at"),
+    )
+    return Exists(
+        Evidence.objects.filter(operation=OuterRef("pk"), verdict=AMBIGUOUS)
+        .annotate(several=_HasSeveralMatches(F("observed")))
+        .filter(several=True)
+        .filter(~Exists(later), ~Exists(decided_since))
+    )
+
+
+def _succeeded_twice() -> Exists:
+    """Another operation with the same (tenant, operation, fingerprint) also succeeded."""
+    return Exists(
+        Operation.objects.filter(
+            tenant=OuterRef("tenant"),
+            operation=OuterRef("operation"),
+            intent_fingerprint=OuterRef("intent_fingerprint"),
+            state=State.SUCCEEDED,
+        ).exclude(pk=OuterRef("pk"))
+    )
+
+
+def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
+    """Annotate `is_ambiguous`, `is_duplicate` and `latest_verdict` (all in the one query)."""
+    return qs.annotate(
+        is_ambiguous=_ambiguous_unsettled(),
+        is_duplicate=Q(state=State.SUCCEEDED) & _succeeded_twice(),
+        latest_verdict=Subquery(_latest_evidence().values("verdict")[:1]),
+    )
+
+
+# --- the queue ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueFilters:
+    """What the reviewer asked for. `state` is a State value, "conflicting" or ""."""
+
+    state: str = ""
+    operation: str = ""
+    tenant: str = ""
+    older_than: timedelta | None = None
+    search: str = ""
+    oldest_first: bool = False
+
+
+@dataclass
+class Page:
+    items: list[Any]
+    next_cursor: str = ""
+    per_page: int = 50
+
+
+@dataclass
+class QueuePage(Page):
+    counts: dict[str, int] = field(default_factory=dict)
+    conflicts_capped: bool = False
+
+
+QUEUE_STATES: tuple[str, ...] = (State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW)
+
+
+def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operation]:
+    """Every filter except the state (the counts per state ignore the state filter)."""
+    qs = visible_operations(user)
+    if filters.operation:
+        qs = qs.filter(operation=filters.operation)
+    if filters.tenant:
+        qs = qs.filter(tenant=filters.tenant)
+    if filters.older_than is not None:
+        qs = qs.filter(state_changed_at__lte=now - filters.older_than)
+    if filters.search:
+        term = filters.search.strip()
+        qs = qs.filter(Q(operation_id=term) | Q(external_id=term) | Q(idempotency_key=term))
+    return qs
+
+
+def _conflicting() -> Q:
+    return Q(is_ambiguous=True) | Q(is_duplicate=True)
+
+
+def _in_queue(qs: QuerySet[Operation], state: str, *, searching: bool) -> QuerySet[Operation]:
+    if state == CONFLICTING:
+        return qs.filter(_conflicting())
+    if state:
+        return qs.filter(state=state)
+    if searching:
+        # A search finds the operation whatever its state: reviewers look things up.
+        return qs
+    return qs.filter(Q(state__in=QUEUE_STATES) | _conflicting())
+
+
+def review_queue(
+    user,
+    filters: QueueFilters | None = None,
+    *,
+    cursor: str = "",
+    per_page: int = 50,
+    now: datetime | None = None,
+) -> QueuePage:
+    """One page of the operations waiting on a person, plus counts per queue state.
+
+    Ordered by when the operation entered its state (newest first unless
+    `oldest_first`), keyset-paginated: `cursor` is the `next_cursor` of the page before.
+    Three queries whatever `per_page`: the page, a grouped count over the indexed
+    unresolved states, and a count of conflicting operations capped at
+    CONFLICT_COUNT_CAP. Raises InvalidInput for a malformed cursor or page size.
+    """
+    filters = filters or QueueFilters()
+    now = now or timezone.now()
+    per_page = _check_per_page(per_page)
+    filtered = _filtered(user, filters, now=now)
+    flagged = with_review_flags(filtered).defer("intent", "error_detail")
+    qs = _in_queue(flagged, filters.state, searching=bool(filters.search))
+    qs = _after_cursor(qs, "state_changed_at", cursor, descending=not filters.oldest_first)
+    order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
+    page = QueuePage(**_paginate(qs.order_by(*order), "state_changed_at", per_page))
+    page.counts, page.conflicts_capped = _queue_counts(filtered)
+    return page
+
+
+def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
+    counts = dict.fromkeys(QUEUE_STATES, 0)
+    counts.update(
+        filtered.filter(state__in=QUEUE_STATES)
+        .order_by()
+        .values("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    conflicting = (
+        with_review_flags(filtered)
+        .filter(_conflicting())
+        .order_by()
+        .values("pk")[: CONFLICT_COUNT_CAP + 1]
+        .count()
+    )
+    counts[CONFLICTING] = min(conflicting, CONFLICT_COUNT_CAP)
+    return counts, conflicting > CONFLICT_COUNT_CAP
+
+
+# --- keyset pagination -------------------------------------------------------------------
+
+
+def make_cursor(at: datetime, pk: int) -> str:
+    """An opaque position: the sort timestamp and the id of the last row shown."""
+    return f"{at.isoformat()}~{pk}"
+
+
+def parse_cursor(cursor: str) -> tuple[datetime, int]:
+    stamp, sep, pk = cursor.rpartition("~")
+    try:
+        if not sep:
+            raise ValueError(cursor)
+        at = datetime.fromisoformat(stamp)
+        if at.tzinfo is None:
+            raise ValueError(cursor)
+        return at, int(pk)
+    except ValueError:
+        raise InvalidInput(
+            "expected a page cursor like '2026-08-16T01:20:30+00:00~42' (from a 'Next' link), "
+            f"found {cursor[:80]!r}"
+        ) from None
+
+
+def _after_cursor(qs: QuerySet, column: str, cursor: str, *, descending: bool) -> QuerySet:
+    if not cursor:
+        return qs
+    at, pk = parse_cursor(cursor)
+    if descending:
+        return qs.filter(Q(**{f"{column}__lt": at}) | Q(**{column: at, "pk__lt": pk}))
+    return qs.filter(Q(**{f"{column}__gt": at}) | Q(**{column: at, "pk__gt": pk}))
+
+
+def _check_per_page(per_page: int) -> int:
+    if not isinstance(per_page, int) or isinstance(per_page, bool) or not (
+        1 <= per_page <= MAX_PAGE_SIZE
+    ):
+        raise InvalidInput(
+            f"expected a page size between 1 and {MAX_PAGE_SIZE}, found {per_page!r}"
+        )
+    return per_page
+
+
+def _paginate(qs: QuerySet, column: str, per_page: int) -> dict[str, Any]:
+    """Fetch one row more than the page to know whether a next page exists (no COUNT)."""
+    rows = list(qs[: per_page + 1])
+    result: dict[str, Any] = {"items": rows[:per_page], "per_page": per_page}
+    if len(rows) > per_page:
+        last = rows[per_page - 1]
+        result["next_cursor"] = make_cursor(getattr(last, column), last.pk)
+    return result
+
+
+# --- one operation -----------------------------------------------------------------------
+
+
+@dataclass
+class OperationDetail:
+    operation: Operation
+    events: list[OperationEvent]
+    evidence: list[Evidence]
+    duplicates: list[Operation]
+    resolutions: list[str]
+
+
+DUPLICATES_SHOWN = 50
+
+
+def operation_detail(user, operation_id: str) -> OperationDetail:
+    """Everything the detail page shows; Operation.DoesNotExist for another tenant's."""
+    op = (
+        with_review_flags(visible_operations(user))
+        .select_related("run", "step")
+        .get(operation_id=operation_id)
+    )
+    return OperationDetail(
+        operation=op,
+        events=list(op.events.order_by("version")),
+        evidence=list(op.evidence.order_by("created_at", "id")),
+        duplicates=duplicates_of(op),
+        resolutions=resolutions_for(op, user),
+    )
+
+
+def duplicates_of(op: Operation, *, limit: int = DUPLICATES_SHOWN) -> list[Operation]:
+    """Other operations with the same (tenant, operation, intent_fingerprint), oldest first."""
+    return list(
+        Operation.objects.filter(
+            tenant=op.tenant, operation=op.operation, intent_fingerprint=op.intent_fingerprint
+        )
+        .exclude(pk=op.pk)
+        .order_by("created_at", "id")[:limit]
+    )
+
+
+def resolutions_for(op: Operation, user) -> list[str]:
+    """The decisions `user` may take on `op` now, in the order the desk offers them.
+
+    Legal from the operation's state (`states.resolutions_from`), and allowed for the user:
+    `ledger.resolve_operation`, a grant for the tenant, and `ledger.override_retry_policy`
+    for safe_to_retry on a `never` operation. `receipts.resolve` checks the same again.
+    """
+    if not user.has_perm("ledger.resolve_operation") or not access.can_see(user, op.tenant):
+        return []
+    allowed = states.resolutions_from(op.state)
+    if op.retry_policy == RetryPolicy.NEVER and not user.has_perm(
+        "ledger.override_retry_policy"
+    ):
+        allowed = [s for s in allowed if s != State.SAFE_TO_RETRY]
+    return allowed
+
+
+# --- the audit log -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditFilters:
+    actor: str = ""
+    operation: str = ""
+    state: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def audit_events(user, filters: AuditFilters | None = None) -> QuerySet[OperationEvent]:
+    """Every transition of the tenants `user` may see, newest first, filtered.
+
+    `operation` matches an operation id or an operation name; `state` the state moved
+    to; `since` inclusive, `until` exclusive.
+    """
+    filters = filters or AuditFilters()
+    tenants = access.tenants_for(user)
+    qs = OperationEvent.objects.select_related("operation")
+    if tenants is not None:
+        qs = qs.filter(tenant__in=tenants)
+    if filters.actor:
+        qs = qs.filter(actor_id=filters.actor)
+    if filters.operation:
+        qs = qs.filter(
+            Q(operation__operation_id=filters.operation)
+            | Q(operation__operation=filters.operation)
+        )
+    if filters.state:
+        qs = qs.filter(to_state=filters.state)
+    if filters.since is not None:
+        qs = qs.filter(created_at__gte=filters.since)
+    if filters.until is not None:
+        qs = qs.filter(created_at__lt=filters.until)
+    return qs.order_by("-created_at", "-id")
+
+
+def audit_page(
+    user, filters: AuditFilters | None = None, *, cursor: str = "", per_page: int = 50
+) -> Page:
+    """One keyset page of `audit_events`: one query whatever `per_page`."""
+    per_page = _check_per_page(per_page)
+    qs = _after_cursor(audit_events(user, filters), "created_at", cursor, descending=True)
+    return Page(**_paginate(qs, "created_at", per_page))
+
+
+def iter_audit_events(user, filters: AuditFilters | None = None, *, batch: int = 500):
+    """Every matching event, newest first, fetched in keyset batches (for CSV export)."""
+    cursor = ""
+    while True:
+        qs = _after_cursor(audit_events(user, filters), "created_at", cursor, descending=True)
+        rows = list(qs[:batch])
+        yield from rows
+        if len(rows) < batch:
+            return
+        cursor = make_cursor(rows[-1].created_at, rows[-1].pk)

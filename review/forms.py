@@ -1,0 +1,126 @@
+"""Forms of the review desk: they parse and validate; the rules live in `ledger`."""
+
+from __future__ import annotations
+
+from datetime import datetime, time, timedelta
+
+from django import forms
+from django.utils import timezone
+
+from ledger import selectors
+from ledger.states import RESOLUTIONS, State
+
+AGES = {
+    "": None,
+    "1h": timedelta(hours=1),
+    "3h": timedelta(hours=3),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+}
+AGE_CHOICES = [
+    ("", "any age"), ("1h", "stuck > 1 h"), ("3h", "stuck > 3 h"), ("24h", "stuck > 24 h"),
+    ("7d", "stuck > 7 d"),
+]
+QUEUE_STATE_CHOICES = [
+    ("", "all waiting"),
+    (State.OUTCOME_UNKNOWN, State.OUTCOME_UNKNOWN.label),
+    (State.MANUAL_REVIEW, State.MANUAL_REVIEW.label),
+    (selectors.CONFLICTING, "Conflicting"),
+]
+ACTION_LABELS = {
+    State.SUCCEEDED: "Mark succeeded",
+    State.SAFE_TO_RETRY: "Safe to retry",
+    State.ABANDONED: "Abandon",
+}
+
+
+class _PageForm(forms.Form):
+    cursor = forms.CharField(required=False, widget=forms.HiddenInput)
+    per_page = forms.IntegerField(
+        required=False, min_value=1, max_value=selectors.MAX_PAGE_SIZE, widget=forms.HiddenInput
+    )
+
+    def clean_cursor(self):
+        cursor = self.cleaned_data["cursor"]
+        if cursor:
+            try:
+                selectors.parse_cursor(cursor)
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return cursor
+
+    def page_args(self) -> dict:
+        data = self.cleaned_data if self.is_valid() else {}
+        return {"cursor": data.get("cursor") or "", "per_page": data.get("per_page") or 50}
+
+
+class QueueFilterForm(_PageForm):
+    q = forms.CharField(
+        required=False, max_length=500, label="Search",
+        widget=forms.TextInput(attrs={"placeholder": "operation id, external id or key",
+                                      "type": "search"}),
+    )
+    state = forms.ChoiceField(required=False, choices=QUEUE_STATE_CHOICES)
+    operation = forms.CharField(required=False, max_length=200, label="Operation",
+                                widget=forms.TextInput(attrs={"placeholder": "articles.create"}))
+    tenant = forms.CharField(required=False, max_length=100)
+    age = forms.ChoiceField(required=False, choices=AGE_CHOICES)
+    order = forms.ChoiceField(
+        required=False, choices=[("", "newest stuck first"), ("oldest", "oldest first")]
+    )
+
+    def filters(self) -> selectors.QueueFilters:
+        data = self.cleaned_data if self.is_valid() else {}
+        return selectors.QueueFilters(
+            state=data.get("state", ""),
+            operation=(data.get("operation") or "").strip(),
+            tenant=(data.get("tenant") or "").strip(),
+            older_than=AGES.get(data.get("age", "")),
+            search=(data.get("q") or "").strip(),
+            oldest_first=data.get("order") == "oldest",
+        )
+
+
+class AuditFilterForm(_PageForm):
+    actor = forms.CharField(required=False, max_length=200, label="User or actor")
+    operation = forms.CharField(required=False, max_length=200,
+                                label="Operation id or name")
+    state = forms.ChoiceField(required=False, label="To state",
+                              choices=[("", "any state"), *State.choices])
+    since = forms.DateField(required=False, label="From",
+                            widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="Until (inclusive)",
+                            widget=forms.DateInput(attrs={"type": "date"}))
+
+    def filters(self) -> selectors.AuditFilters:
+        data = self.cleaned_data if self.is_valid() else {}
+        return selectors.AuditFilters(
+            actor=(data.get("actor") or "").strip(),
+            operation=(data.get("operation") or "").strip(),
+            state=data.get("state", ""),
+            since=_start_of(data.get("since")),
+            until=_start_of(data["until"] + timedelta(days=1)) if data.get("until") else None,
+        )
+
+
+def _start_of(day) -> datetime | None:
+    if day is None:
+        return None
+    return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
+
+
+class ResolveForm(forms.Form):
+    """One decision. Any resolution parses; `receipts.resolve` decides whether it is allowed
+    (so a reviewer whose page went stale learns who decided first, not "invalid choice")."""
+
+    to_state = forms.ChoiceField(choices=[(s, ACTION_LABELS[s]) for s in RESOLUTIONS])
+    reason = forms.CharField(
+        max_length=2000, strip=True,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "Why? (required)"}),
+        error_messages={"required": "A reason is required for every decision."},
+    )
+    external_id = forms.CharField(
+        required=False, max_length=500, label="External id (optional)",
+        widget=forms.TextInput(attrs={"placeholder": "article-123"}),
+    )
+    version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)

@@ -1,0 +1,50 @@
+"""Template helpers of the review desk. Every value they return is escaped."""
+
+import json
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+
+from ledger.states import State
+
+register = template.Library()
+
+
+@register.filter
+def stuck_for(since) -> str:
+    """How long ago `since` was, coarsely: "12 min", "3 h", "2 d"."""
+    if since is None:
+        return ""
+    seconds = max(0, int((timezone.now() - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min"
+    if seconds < 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """Indented JSON as plain text; the template escapes it like any other string."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@register.simple_tag
+def state_badge(state: str):
+    """A badge that says the state in words; the colour only repeats it."""
+    label = State(state).label if state in State.values else state
+    return format_html('<span class="badge badge-{}">{}</span>', state, label)
+
+
+@register.simple_tag
+def role_of(user) -> str:
+    if user.is_superuser or user.has_perm("ledger.override_retry_policy"):
+        return "admin"
+    if user.has_perm("ledger.resolve_operation"):
+        return "reviewer"
+    if user.has_perm("ledger.view_operation"):
+        return "viewer"
+    return "no role"
