@@ -1,14 +1,33 @@
 """The ledger's tables. One module per area; everything is importable from here."""
 
-from ledger.models.coordination import Lease, Run, Step, TenantAccess
+from ledger.models.coordination import Lease, Run, Step, StepState, TenantAccess
+from ledger.models.execution import (
+    ConflictState,
+    Episode,
+    Fact,
+    FactConflict,
+    FactDecision,
+    FactStatus,
+    Obligation,
+    ObligationState,
+)
 from ledger.models.operations import Evidence, Operation, OperationEvent
 
 __all__ = [
+    "ConflictState",
+    "Episode",
     "Evidence",
+    "Fact",
+    "FactConflict",
+    "FactDecision",
+    "FactStatus",
     "Lease",
+    "Obligation",
+    "ObligationState",
     "Operation",
     "OperationEvent",
     "Run",
     "Step",
+    "StepState",
     "TenantAccess",
 ]
