@@ -8,7 +8,6 @@ import pgtrigger.migrations
 from django.conf import settings
 from django.db import migrations, models
 
-
 VIEW = ["view_fact", "view_factconflict", "view_factdecision", "view_obligation", "view_episode"]
 ROLES = {
     "viewer": VIEW,
