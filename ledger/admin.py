@@ -71,7 +71,8 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(ReadOnlyAdmin):
-    list_display = ["run", "step_id", "created_at"]
+    list_display = ["run", "step_id", "state", "created_at", "started_at", "committed_at"]
+    list_filter = ["state"]
     list_select_related = ["run"]
 
 
@@ -80,3 +81,47 @@ class TenantAccessAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "granted_at"]
     list_filter = ["tenant"]
     autocomplete_fields = ["user"]
+
+
+# --- execution state: facts, conflicts, decisions, obligations, episodes (read-only; they
+# change only through ledger.facts, ledger.obligations and ledger.episodes) ---------------
+
+from ledger.models import Episode, Fact, FactConflict, FactDecision, Obligation  # noqa: E402
+
+
+@admin.register(Fact)
+class FactAdmin(ReadOnlyAdmin):
+    list_display = ["subject", "predicate", "version", "status", "source", "observed_at",
+                    "tenant"]
+    list_filter = ["status", "tenant"]
+    search_fields = ["=subject", "predicate"]
+    list_select_related = ["run"]
+    show_full_result_count = False
+
+
+@admin.register(FactConflict)
+class FactConflictAdmin(ReadOnlyAdmin):
+    list_display = ["subject", "predicate", "state", "created_at", "resolved_by", "resolved_at"]
+    list_filter = ["state", "tenant"]
+    list_select_related = ["resolved_by"]
+
+
+@admin.register(FactDecision)
+class FactDecisionAdmin(ReadOnlyAdmin):
+    list_display = ["conflict", "username", "chosen", "reason", "created_at"]
+    list_select_related = ["conflict", "chosen"]
+
+
+@admin.register(Obligation)
+class ObligationAdmin(ReadOnlyAdmin):
+    list_display = ["key", "kind", "state", "run", "deadline", "committed_at", "tenant"]
+    list_filter = ["state", "tenant"]
+    search_fields = ["=key"]
+    list_select_related = ["run"]
+
+
+@admin.register(Episode)
+class EpisodeAdmin(ReadOnlyAdmin):
+    list_display = ["run", "role", "content_ref", "created_at"]
+    list_filter = ["role"]
+    list_select_related = ["run"]
