@@ -1,0 +1,1 @@
+"""Demo data for `manage.py demo_seed`, one module per area."""
