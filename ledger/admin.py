@@ -1,6 +1,30 @@
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.options import csrf_protect_m
 
-from ledger.models import Evidence, Lease, Operation, OperationEvent, Run, Step, TenantAccess
+from ledger import retention
+from ledger.errors import LedgerError
+from ledger.models import (
+    AuditVerification,
+    ChainAnchor,
+    ChainHead,
+    Episode,
+    Evidence,
+    Fact,
+    FactConflict,
+    FactDecision,
+    Lease,
+    Obligation,
+    Operation,
+    OperationEvent,
+    PurgeRun,
+    Redaction,
+    RetentionChange,
+    RetentionPolicy,
+    Run,
+    Step,
+    TenantAccess,
+)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -71,7 +95,8 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(ReadOnlyAdmin):
-    list_display = ["run", "step_id", "created_at"]
+    list_display = ["run", "step_id", "state", "created_at", "started_at", "committed_at"]
+    list_filter = ["state"]
     list_select_related = ["run"]
 
 
@@ -83,22 +108,6 @@ class TenantAccessAdmin(admin.ModelAdmin):
 
 
 # --- retention and tamper evidence -------------------------------------------------------
-
-from django import forms  # noqa: E402
-from django.contrib import messages  # noqa: E402
-from django.contrib.admin.options import csrf_protect_m  # noqa: E402
-
-from ledger import retention  # noqa: E402
-from ledger.errors import LedgerError  # noqa: E402
-from ledger.models import (  # noqa: E402
-    AuditVerification,
-    ChainAnchor,
-    ChainHead,
-    PurgeRun,
-    Redaction,
-    RetentionChange,
-    RetentionPolicy,
-)
 
 
 class RetentionPolicyForm(forms.ModelForm):
@@ -199,3 +208,44 @@ class ChainAnchorAdmin(ReadOnlyAdmin):
 @admin.register(AuditVerification)
 class AuditVerificationAdmin(ReadOnlyAdmin):
     list_display = ["finished_at", "actor", "is_intact", "links_checked", "first_break"]
+
+# --- execution state: facts, conflicts, decisions, obligations, episodes (read-only; they
+# change only through ledger.facts, ledger.obligations and ledger.episodes) ---------------
+
+
+@admin.register(Fact)
+class FactAdmin(ReadOnlyAdmin):
+    list_display = ["subject", "predicate", "version", "status", "source", "observed_at",
+                    "tenant"]
+    list_filter = ["status", "tenant"]
+    search_fields = ["=subject", "predicate"]
+    list_select_related = ["run"]
+    show_full_result_count = False
+
+
+@admin.register(FactConflict)
+class FactConflictAdmin(ReadOnlyAdmin):
+    list_display = ["subject", "predicate", "state", "created_at", "resolved_by", "resolved_at"]
+    list_filter = ["state", "tenant"]
+    list_select_related = ["resolved_by"]
+
+
+@admin.register(FactDecision)
+class FactDecisionAdmin(ReadOnlyAdmin):
+    list_display = ["conflict", "username", "chosen", "reason", "created_at"]
+    list_select_related = ["conflict", "chosen"]
+
+
+@admin.register(Obligation)
+class ObligationAdmin(ReadOnlyAdmin):
+    list_display = ["key", "kind", "state", "run", "deadline", "committed_at", "tenant"]
+    list_filter = ["state", "tenant"]
+    search_fields = ["=key"]
+    list_select_related = ["run"]
+
+
+@admin.register(Episode)
+class EpisodeAdmin(ReadOnlyAdmin):
+    list_display = ["run", "role", "content_ref", "created_at"]
+    list_filter = ["role"]
+    list_select_related = ["run"]

@@ -1,1 +1,1 @@
-"""Demo data for `make demo`."""
+"""Demo data for `manage.py demo_seed`, one module per area."""

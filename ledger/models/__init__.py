@@ -1,6 +1,16 @@
 """The ledger's tables. One module per area; everything is importable from here."""
 
-from ledger.models.coordination import Lease, Run, Step, TenantAccess
+from ledger.models.coordination import Lease, Run, Step, StepState, TenantAccess
+from ledger.models.execution import (
+    ConflictState,
+    Episode,
+    Fact,
+    FactConflict,
+    FactDecision,
+    FactStatus,
+    Obligation,
+    ObligationState,
+)
 from ledger.models.operations import Evidence, Operation, OperationEvent
 from ledger.models.retention import (
     AuditVerification,
@@ -16,8 +26,16 @@ __all__ = [
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",
+    "ConflictState",
+    "Episode",
     "Evidence",
+    "Fact",
+    "FactConflict",
+    "FactDecision",
+    "FactStatus",
     "Lease",
+    "Obligation",
+    "ObligationState",
     "Operation",
     "OperationEvent",
     "PurgeRun",
@@ -26,5 +44,6 @@ __all__ = [
     "RetentionPolicy",
     "Run",
     "Step",
+    "StepState",
     "TenantAccess",
 ]

@@ -1,7 +1,51 @@
 """Runs, steps, leases and tenant grants: what coordinates agents and people."""
 
+import pgtrigger
 from django.conf import settings
 from django.db import models
+
+
+class StepState(models.TextChoices):
+    PENDING = "pending", "Pending"
+    STARTED = "started", "Started"
+    COMMITTED = "committed", "Committed"
+
+
+# The database's copy of the rule "a step starts only once every dependency is committed",
+# and of the step lifecycle pending -> started -> committed (nothing else, never back).
+_STEP_CHECK = """
+    IF NEW.run_id IS DISTINCT FROM OLD.run_id OR NEW.step_id IS DISTINCT FROM OLD.step_id
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('step %s: expected its run, step_id and created_at to stay '
+                             'unchanged, found an UPDATE changing them', OLD.step_id);
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        IF (OLD.state, NEW.state) NOT IN (('pending', 'started'), ('started', 'committed')) THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('step %s: expected pending -> started -> committed, found '
+                                 '%s -> %s', OLD.step_id, OLD.state, NEW.state);
+        END IF;
+        IF NEW.state = 'started' THEN
+            SELECT string_agg(dep.step_id || ' (' || dep.state || ')', ', ' ORDER BY dep.step_id)
+              INTO missing
+              FROM ledger_step_depends_on link
+              JOIN ledger_step dep ON dep.id = link.to_step_id
+             WHERE link.from_step_id = NEW.id AND dep.state <> 'committed';
+            IF missing IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                    MESSAGE = format('step %s: expected every dependency committed before it '
+                                     'starts, found %s', NEW.step_id, missing);
+            END IF;
+        END IF;
+    ELSIF OLD.state = 'committed' AND (NEW.started_at IS DISTINCT FROM OLD.started_at
+                                       OR NEW.committed_at IS DISTINCT FROM OLD.committed_at) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('step %s: expected a committed step never to change, found an '
+                             'UPDATE of its times', OLD.step_id);
+    END IF;
+    RETURN NEW;
+"""
 
 
 class Run(models.Model):
@@ -24,20 +68,47 @@ class Run(models.Model):
 
 
 class Step(models.Model):
-    """A step of a run; an operation may name the step it belongs to."""
+    """A step of a run; an operation may name the step it belongs to.
+
+    pending -> started -> committed, through `ledger.runs`. A step starts only once every
+    step it depends on is committed; a trigger refuses anything else, even a raw UPDATE.
+    Dependencies are steps of the same run added before it, so they never form a cycle.
+    """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     step_id = models.CharField(max_length=100)
+    state = models.CharField(max_length=20, choices=StepState.choices, default=StepState.PENDING)
+    depends_on = models.ManyToManyField(
+        "self", symmetrical=False, related_name="dependents", blank=True
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "step_id"], name="step_unique_per_run")
+            models.UniqueConstraint(fields=["run", "step_id"], name="step_unique_per_run"),
+            models.CheckConstraint(
+                condition=models.Q(state__in=StepState.values), name="step_state_known"
+            ),
         ]
         ordering = ["run", "id"]
+        triggers = [
+            pgtrigger.Trigger(
+                name="step_lifecycle_check",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                declare=[("missing", "text")],
+                func=_STEP_CHECK,
+            ),
+        ]
 
     def __str__(self):
         return f"{self.run.run_id}/{self.step_id}"
+
+    @property
+    def is_committed(self) -> bool:
+        return self.state == StepState.COMMITTED
 
 
 class Lease(models.Model):

@@ -65,14 +65,14 @@ def create_default_policy_and_permissions(apps, schema_editor):
         pattern="*", tenant="", defaults={**DEFAULT_POLICY, "created_at": now, "updated_at": now})
     if created:
         RetentionChange.objects.create(
-            policy_id=policy.pk, action="created", changed_by_name="migration 0005_retention",
+            policy_id=policy.pk, action="created", changed_by_name="migration 0004_retention",
             before=None, after=DEFAULT_POLICY, changed_at=now)
 
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0002_roles'),
+        ('ledger', '0003_execution'),
         ('auth', '0012_alter_user_first_name_max_length'),
         ('contenttypes', '0002_remove_content_type_name'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

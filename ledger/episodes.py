@@ -1,0 +1,50 @@
+"""Episodes: the low-authority record of what was said during a run.
+
+An episode is a message, a tool call or a chunk of transcript (or a reference to where it
+is stored). It records talk, never what happened: receipts, facts and obligations do that,
+and `runs.resume` never reads episodes. Append-only: PostgreSQL refuses UPDATE and DELETE.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from ledger import runs
+from ledger.canonical import scrub_text
+from ledger.errors import InvalidInput
+from ledger.inputs import check_text
+from ledger.models import Episode, Run
+
+MAX_CONTENT_CHARS = 1_000_000
+
+
+def record(
+    run: Run | str, role: str, *, content_ref: str = "", content: str | None = None
+) -> Episode:
+    """Append an episode said by `role` ("user", "assistant", "tool", ...) to `run`.
+
+    Give `content`, `content_ref` (where the full text is stored), or both. Credentials
+    in `content` (after `Bearer`, `password=`, ...) are masked before it is stored.
+    """
+    check_text(role, "role", 50)
+    if not isinstance(content_ref, str) or len(content_ref) > 1000:
+        raise InvalidInput(
+            f"expected content_ref to be a string of at most 1000 characters, found "
+            f"{content_ref!r:.80}"
+        )
+    if content is not None and not isinstance(content, str):
+        raise InvalidInput(f"expected content to be a string or None, found "
+                           f"{type(content).__name__}")
+    if not content_ref.strip() and not content:
+        raise InvalidInput("expected content or a content_ref, found neither")
+    if content is not None and len(content) > MAX_CONTENT_CHARS:
+        raise InvalidInput(
+            f"expected content of at most {MAX_CONTENT_CHARS:,} characters, found "
+            f"{len(content):,}; store it elsewhere and record a content_ref"
+        )
+    run = runs.as_run(run)
+    with transaction.atomic(durable=True):
+        return Episode.objects.create(
+            run=run, tenant=run.tenant, role=role, content_ref=content_ref.strip(),
+            content=scrub_text(content) if content is not None else None,
+        )

@@ -1,0 +1,337 @@
+"""Versioned facts: what is believed true about a subject, and on whose evidence.
+
+A fact is never updated in place. The first value of (tenant, subject, predicate) is
+version 1; a write naming the current version (`expected_version`) supersedes it with the
+next version, and the old one stays readable. The same value again records nothing. A
+different value that does not name the current version (none, or a stale one) is kept as a
+candidate and opens a `FactConflict` for a person: never a silent overwrite.
+
+Concurrent writers are settled by PostgreSQL: superseding is a compare-and-set on the
+current row, first values and candidates are inserted with ON CONFLICT DO NOTHING against
+partial unique indexes, so the loser of a race sees the winner's row and no IntegrityError
+escapes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from ledger import access, leases
+from ledger.canonical import check_json, fingerprint, redact, scrub_text
+from ledger.errors import InvalidInput, StaleFact, StaleVersion
+from ledger.inputs import check_aware, check_text
+from ledger.models import (
+    ConflictState,
+    Fact,
+    FactConflict,
+    FactDecision,
+    FactStatus,
+    Run,
+)
+
+REVIEWER_SOURCE_PREFIX = "reviewer:"
+
+
+def assert_fact(
+    subject: str,
+    predicate: str,
+    value: Any,
+    *,
+    source: str,
+    observed_at: datetime | None = None,
+    expected_version: int | None = None,
+    tenant: str = "default",
+    run: Run | str | None = None,
+    fencing_token: int | None = None,
+) -> Fact:
+    """Record that `subject` `predicate` is `value`, according to `source`.
+
+    Returns the new current version; the current version itself when it already holds
+    this value (nothing new is recorded); or, when the value differs and
+    `expected_version` is not the current version, the candidate kept in a new
+    `FactConflict` (`fact.is_candidate`, `fact.conflict`). Secret-named keys in `value`
+    are redacted before anything is written. With `fencing_token`, the write is refused
+    (StaleFencingToken) unless it is the current token of the run's lease. Raises
+    StaleFact when `expected_version` names a version of a key that has no fact yet, and
+    InvalidInput (writing nothing) on bad input.
+    """
+    check_text(subject, "subject", 500)
+    check_text(predicate, "predicate", 200)
+    check_text(source, "source", 500)
+    check_text(tenant, "tenant", 100)
+    if expected_version is not None and (
+        isinstance(expected_version, bool) or not isinstance(expected_version, int)
+        or expected_version < 1
+    ):
+        raise InvalidInput(
+            f"expected expected_version to be None or a version number >= 1, found "
+            f"{expected_version!r}"
+        )
+    check_aware(observed_at, "observed_at")
+    check_json(value, what="value")
+    value = redact(value)
+    from ledger import runs
+
+    run_obj = runs.as_run(run, tenant=tenant) if run is not None else None
+    if fencing_token is not None and run_obj is None:
+        raise InvalidInput("expected a run when a fencing_token is given, found run=None")
+    new = Fact(
+        tenant=tenant, subject=subject, predicate=predicate, value=value,
+        value_fingerprint=fingerprint(value), source=source,
+        observed_at=observed_at or timezone.now(), run=run_obj,
+    )
+    with transaction.atomic(durable=True):
+        if fencing_token is not None:
+            leases.check_run(run_obj.pk, fencing_token)
+        return _write(new, expected_version)
+
+
+def _write(new: Fact, expected_version: int | None) -> Fact:
+    current = _current(new.tenant, new.subject, new.predicate)
+    if current is None:
+        if expected_version is not None:
+            raise StaleFact(
+                f"expected version {expected_version} of {new.subject} {new.predicate} to be "
+                "current, found no fact at all for it",
+                current=None,
+            )
+        first = _insert_first(new)
+        if first is not None:
+            return first
+        # A concurrent writer recorded the first value before us: contest it below.
+        current = _current(new.tenant, new.subject, new.predicate)
+    if current.value_fingerprint == new.value_fingerprint:
+        return current
+    if expected_version == current.version:
+        successor = _supersede(current, new)
+        if successor is not None:
+            return successor
+        # Someone superseded the same version first: their version is the current one now.
+        current = _current(new.tenant, new.subject, new.predicate)
+        if current.value_fingerprint == new.value_fingerprint:
+            return current
+    return _keep_as_candidate(current, new)
+
+
+def _current(tenant: str, subject: str, predicate: str) -> Fact | None:
+    return (
+        Fact.objects.current()
+        .filter(tenant=tenant, subject=subject, predicate=predicate)
+        .first()
+    )
+
+
+def _next_id() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence('ledger_fact', 'id'))")
+        return cursor.fetchone()[0]
+
+
+def _insert_first(new: Fact) -> Fact | None:
+    """Insert version 1, or None if another writer's version 1 is already there."""
+    new.pk = _next_id()
+    new.version = 1
+    new.status = FactStatus.CURRENT
+    Fact.objects.bulk_create([new], ignore_conflicts=True)
+    return Fact.objects.filter(pk=new.pk).first()
+
+
+def _supersede(current: Fact, new: Fact) -> Fact | None:
+    """Compare-and-set `current` -> superseded by `new` (its next version), or None if
+    someone else superseded it first."""
+    new.pk = _next_id()
+    won = Fact.objects.filter(pk=current.pk, status=FactStatus.CURRENT).update(
+        status=FactStatus.SUPERSEDED, superseded_by_id=new.pk
+    )
+    if won != 1:
+        return None
+    new.version = current.version + 1
+    new.status = FactStatus.CURRENT
+    Fact.objects.bulk_create([new])
+    return Fact.objects.get(pk=new.pk)
+
+
+def _keep_as_candidate(current: Fact, new: Fact) -> Fact:
+    """Keep `new` as a candidate against `current` with its open conflict. The same
+    candidate (value and source) against the same version is kept once."""
+    new.pk = _next_id()
+    new.version = None
+    new.status = FactStatus.CANDIDATE
+    new.contradicts = current
+    Fact.objects.bulk_create([new], ignore_conflicts=True)
+    candidate = Fact.objects.get(
+        contradicts=current, value_fingerprint=new.value_fingerprint, source=new.source,
+        status=FactStatus.CANDIDATE,
+    )
+    if candidate.pk == new.pk:
+        FactConflict.objects.create(
+            tenant=new.tenant, subject=new.subject, predicate=new.predicate,
+            current=current, candidate=candidate,
+        )
+    return candidate
+
+
+# --- reads -------------------------------------------------------------------------------
+
+
+def read_facts(subject: str, *, tenant: str = "default") -> list[Fact]:
+    """The current version of every predicate of `subject`, by predicate. Never candidates
+    or superseded versions."""
+    return list(
+        Fact.objects.current().filter(tenant=tenant, subject=subject)
+        .select_related("run").order_by("predicate")
+    )
+
+
+def read_fact(subject: str, predicate: str, *, tenant: str = "default") -> Fact | None:
+    """The current version of (subject, predicate), or None."""
+    return _current(tenant, subject, predicate)
+
+
+def history(subject: str, predicate: str, *, tenant: str = "default") -> list[Fact]:
+    """Every version of (subject, predicate), oldest first, then the candidates."""
+    facts = Fact.objects.filter(tenant=tenant, subject=subject, predicate=predicate)
+    return sorted(facts.select_related("run"),
+                  key=lambda f: (f.version is None, f.version or 0, f.pk))
+
+
+def require_current(fact: Fact) -> Fact:
+    """`fact` read again, if it is still the current version; else StaleFact whose
+    `.current` is the current version (or None). Act on a fact only after this."""
+    if not isinstance(fact, Fact) or fact.pk is None:
+        raise InvalidInput(f"expected a saved Fact, found {fact!r}")
+    fresh = Fact.objects.filter(pk=fact.pk).first()
+    if fresh is not None and fresh.is_current:
+        return fresh
+    current = _current(fact.tenant, fact.subject, fact.predicate)
+    what = f"version {fact.version}" if fact.version else "a candidate"
+    found = (
+        "no current version" if current is None else
+        f"version {current.version} = {scrub_text(repr(current.value))[:200]} from "
+        f"{current.source} observed {current.observed_at.isoformat()}"
+    )
+    raise StaleFact(
+        f"expected {what} of {fact.subject} {fact.predicate} to be current, found {found}",
+        current=current,
+    )
+
+
+def facts_of_run(run: Run) -> list[Fact]:
+    """The current version of every (subject, predicate) the run ever wrote, whoever wrote
+    that version: what the run's successor must know."""
+    touched = Fact.objects.filter(
+        run=run, tenant=OuterRef("tenant"), subject=OuterRef("subject"),
+        predicate=OuterRef("predicate"),
+    )
+    return list(
+        Fact.objects.current().filter(tenant=run.tenant).filter(Exists(touched))
+        .select_related("run").order_by("subject", "predicate")
+    )
+
+
+def open_conflicts(*, tenants=None):
+    """Open conflicts of the given tenants (None: every tenant), oldest first, with both
+    sides loaded."""
+    return (
+        FactConflict.objects.open().for_tenants(tenants)
+        .select_related("current", "candidate", "current__run", "candidate__run")
+        .order_by("created_at", "id")
+    )
+
+
+# --- human decisions ---------------------------------------------------------------------
+
+
+def resolve_conflict(
+    conflict: FactConflict,
+    *,
+    winner: Fact | str,
+    user,
+    reason: str,
+    expected_version: int | None = None,
+) -> Fact:
+    """A person decides a conflict: the chosen value becomes a new current version whose
+    source is `reviewer:<username>`; both sides stay readable as they were.
+
+    `winner` is `conflict.current` or `conflict.candidate` (or the strings "current" /
+    "candidate"). `expected_version` (default: the version the candidate contradicted) is
+    the current version the person decided against: if the fact moved on since, StaleFact
+    carries the new current version and nothing is written. Needs
+    `ledger.resolve_factconflict` and a grant for the conflict's tenant; a conflict decided
+    by someone else first raises StaleVersion. Records a FactDecision.
+    """
+    if not isinstance(conflict, FactConflict) or conflict.pk is None:
+        raise InvalidInput(f"expected a saved FactConflict, found {conflict!r}")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput(f"expected a non-empty reason for the decision, found {reason!r}")
+    access.require_perm(user, "ledger.resolve_factconflict", doing="decide fact conflicts")
+    access.require_tenant(user, conflict.tenant)
+    chosen = _winner(conflict, winner)
+    reason = scrub_text(reason.strip())
+    username = user.get_username()
+    with transaction.atomic(durable=True):
+        _lock_open(conflict)
+        written = _write_decision(conflict, chosen, username, expected_version)
+        FactConflict.objects.filter(pk=conflict.pk).update(
+            state=ConflictState.RESOLVED, resolved_at=written.created_at, resolved_by=user,
+            resolution_reason=reason, chosen=chosen, resolved_fact=written,
+        )
+        FactDecision.objects.create(
+            tenant=conflict.tenant, conflict=conflict, chosen=chosen, written=written,
+            user=user, username=username, reason=reason,
+        )
+    conflict.refresh_from_db()
+    return written
+
+
+def _winner(conflict: FactConflict, winner: Fact | str) -> Fact:
+    sides = {"current": conflict.current, "candidate": conflict.candidate}
+    if isinstance(winner, str) and winner in sides:
+        return sides[winner]
+    if isinstance(winner, Fact) and winner.pk in (conflict.current_id, conflict.candidate_id):
+        return sides["current" if winner.pk == conflict.current_id else "candidate"]
+    raise InvalidInput(
+        f"expected winner to be the conflict's current fact ({conflict.current_id}) or its "
+        f"candidate ({conflict.candidate_id}), found {winner!r}"
+    )
+
+
+def _lock_open(conflict: FactConflict) -> None:
+    """Lock the conflict row; StaleVersion if someone decided it first."""
+    locked = FactConflict.objects.select_for_update(of=("self",)).select_related("resolved_by").get(
+        pk=conflict.pk
+    )
+    if locked.is_open:
+        return
+    who = locked.resolved_by.get_username() if locked.resolved_by else "someone"
+    raise StaleVersion(
+        f"expected conflict {conflict.pk} on {conflict.subject} {conflict.predicate} to be "
+        f"open, found it resolved by {who} at {locked.resolved_at.isoformat()}: "
+        f"{locked.resolution_reason}",
+        current=locked,
+    )
+
+
+def _write_decision(conflict, chosen: Fact, username: str, expected_version) -> Fact:
+    expected = conflict.current.version if expected_version is None else expected_version
+    current = _current(conflict.tenant, conflict.subject, conflict.predicate)
+    new = Fact(
+        tenant=conflict.tenant, subject=conflict.subject, predicate=conflict.predicate,
+        value=chosen.value, value_fingerprint=chosen.value_fingerprint,
+        source=f"{REVIEWER_SOURCE_PREFIX}{username}", observed_at=timezone.now(),
+    )
+    successor = _supersede(current, new) if current.version == expected else None
+    if successor is None:
+        current = _current(conflict.tenant, conflict.subject, conflict.predicate)
+        raise StaleFact(
+            f"expected version {expected} of {conflict.subject} {conflict.predicate} to be "
+            f"current to decide conflict {conflict.pk}, found version {current.version} from "
+            f"{current.source}; decide again against the current value",
+            current=current,
+        )
+    return successor

@@ -1,0 +1,439 @@
+"""Execution state: versioned facts and their conflicts, obligations, episodes.
+
+Facts are never updated in place: PostgreSQL refuses every UPDATE but the one that links a
+current version to the version replacing it, and every DELETE. Obligations change once
+(open -> committed or cancelled) and never again. Episodes and fact decisions are
+append-only. Writes go through `ledger.facts`, `ledger.obligations` and `ledger.episodes`.
+"""
+
+import pgtrigger
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+
+
+class FactStatus(models.TextChoices):
+    CURRENT = "current", "Current"
+    SUPERSEDED = "superseded", "Superseded"
+    CANDIDATE = "candidate", "Candidate"
+
+
+class ConflictState(models.TextChoices):
+    OPEN = "open", "Open"
+    RESOLVED = "resolved", "Resolved"
+
+
+class ObligationState(models.TextChoices):
+    OPEN = "open", "Open"
+    COMMITTED = "committed", "Committed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+# The only UPDATE a fact accepts: current -> superseded, linking `superseded_by` once, to
+# the id of the version being inserted in the same transaction (so it cannot exist yet),
+# with every other column unchanged.
+_FACT_IMMUTABLE = """
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('fact %s (%s %s, version %s): expected facts never to be deleted, '
+                             'found a DELETE', OLD.id, OLD.subject, OLD.predicate, OLD.version);
+    END IF;
+    IF OLD.status = 'current' AND NEW.status = 'superseded'
+       AND OLD.superseded_by_id IS NULL AND NEW.superseded_by_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM ledger_fact WHERE id = NEW.superseded_by_id)
+       AND (to_jsonb(NEW) - 'status' - 'superseded_by_id')
+           = (to_jsonb(OLD) - 'status' - 'superseded_by_id') THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+        MESSAGE = format('fact %s (%s %s, version %s): expected no change but linking a '
+                         'current version once to the new version that supersedes it, found '
+                         'an UPDATE (status %s -> %s, superseded_by %s -> %s); write a new '
+                         'version with ledger.facts.assert_fact', OLD.id, OLD.subject,
+                         OLD.predicate, OLD.version, OLD.status, NEW.status,
+                         OLD.superseded_by_id, NEW.superseded_by_id);
+"""
+
+# A new fact is a first version (1), the successor (n + 1) of the version that links to
+# it, or a candidate (no version) that contradicts a current version.
+_FACT_INSERT = """
+    IF NEW.superseded_by_id IS NOT NULL OR NEW.status NOT IN ('current', 'candidate') THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('fact %s %s: expected a new fact to be current or a candidate '
+                             'and superseded by nothing, found status %s', NEW.subject,
+                             NEW.predicate, NEW.status);
+    END IF;
+    SELECT id, tenant, subject, predicate, version INTO prev
+      FROM ledger_fact WHERE superseded_by_id = NEW.id;
+    IF FOUND THEN
+        IF NEW.status <> 'current' OR prev.tenant <> NEW.tenant OR prev.subject <> NEW.subject
+           OR prev.predicate <> NEW.predicate OR NEW.version IS DISTINCT FROM prev.version + 1
+        THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('fact %s %s: expected the successor of version %s to be the '
+                                 'current version %s of the same subject and predicate, found '
+                                 '%s %s %s version %s', prev.subject, prev.predicate,
+                                 prev.version, prev.version + 1, NEW.status, NEW.subject,
+                                 NEW.predicate, NEW.version);
+        END IF;
+    ELSIF NEW.status = 'current' AND NEW.version IS DISTINCT FROM 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('fact %s %s: expected version 1 for a first value, or a link from '
+                             'the version it supersedes, found version %s and no link',
+                             NEW.subject, NEW.predicate, NEW.version);
+    END IF;
+    RETURN NEW;
+"""
+
+_CONFLICT_SETTLED = """
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('fact conflict %s: expected conflicts never to be deleted, found '
+                             'a DELETE', OLD.id);
+    END IF;
+    IF OLD.state <> 'open' OR NEW.current_id IS DISTINCT FROM OLD.current_id
+       OR NEW.candidate_id IS DISTINCT FROM OLD.candidate_id
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('fact conflict %s: expected only an open conflict to change, and '
+                             'only its resolution, found an UPDATE of a %s conflict', OLD.id,
+                             OLD.state);
+    END IF;
+    RETURN NEW;
+"""
+
+_OBLIGATION_ONCE = """
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('obligation %s: expected obligations never to be deleted, found '
+                             'a DELETE', OLD.key);
+    END IF;
+    IF OLD.state <> 'open' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('obligation %s: expected a %s obligation never to change, found '
+                             'an UPDATE', OLD.key, OLD.state);
+    END IF;
+    IF NEW.key IS DISTINCT FROM OLD.key OR NEW.run_id IS DISTINCT FROM OLD.run_id
+       OR NEW.kind IS DISTINCT FROM OLD.kind OR NEW.tenant IS DISTINCT FROM OLD.tenant
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('obligation %s: expected its key, run, kind, tenant and '
+                             'created_at to stay unchanged, found an UPDATE changing them',
+                             OLD.key);
+    END IF;
+    RETURN NEW;
+"""
+
+
+class FactQuerySet(models.QuerySet):
+    def current(self):
+        return self.filter(status=FactStatus.CURRENT)
+
+    def for_tenants(self, tenants):
+        """`tenants` None means every tenant (superusers)."""
+        return self if tenants is None else self.filter(tenant__in=tenants)
+
+
+class Fact(models.Model):
+    """One version of what is believed about (subject, predicate), and on whose evidence.
+
+    At most one version per (tenant, subject, predicate) is current (a partial unique
+    index). Versions step by one along `superseded_by`. A candidate is a write that
+    contradicted the current version without naming it; it has no version, and waits in a
+    `FactConflict` for a person.
+    """
+
+    tenant = models.CharField(max_length=100, default="default")
+    subject = models.CharField(max_length=500)
+    predicate = models.CharField(max_length=200)
+    value = models.JSONField(null=True)
+    value_fingerprint = models.CharField(max_length=80)
+    source = models.CharField(max_length=500)
+    observed_at = models.DateTimeField()
+    version = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=FactStatus.choices)
+    superseded_by = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="supersedes"
+    )
+    contradicts = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="candidates"
+    )
+    run = models.ForeignKey(
+        "ledger.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="facts"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = FactQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "subject", "predicate"],
+                condition=models.Q(status="current"),
+                name="fact_one_current_version",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "subject", "predicate", "version"],
+                name="fact_version_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["contradicts", "value_fingerprint", "source"],
+                condition=models.Q(status="candidate"),
+                name="fact_candidate_unique",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=FactStatus.values), name="fact_status_known"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    models.Q(status="candidate", version__isnull=True,
+                             contradicts__isnull=False)
+                    | (~models.Q(status="candidate")
+                       & models.Q(version__gte=1, contradicts__isnull=True))
+                ),
+                name="fact_candidate_has_no_version",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status="superseded", superseded_by__isnull=False)
+                | (~models.Q(status="superseded") & models.Q(superseded_by__isnull=True)),
+                name="fact_superseded_iff_linked",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["run", "status"], name="fact_run_idx"),
+        ]
+        ordering = ["tenant", "subject", "predicate", "version", "id"]
+        triggers = [
+            pgtrigger.Trigger(
+                name="fact_never_updated_in_place",
+                operation=pgtrigger.Update | pgtrigger.Delete,
+                when=pgtrigger.Before,
+                func=_FACT_IMMUTABLE,
+            ),
+            pgtrigger.Trigger(
+                name="fact_insert_check",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                declare=[("prev", "record")],
+                func=_FACT_INSERT,
+            ),
+        ]
+
+    def __str__(self):
+        label = f"v{self.version}" if self.version else "candidate"
+        return f"{self.subject} {self.predicate} = {self.value!r} ({label}, {self.status})"
+
+    @property
+    def is_current(self) -> bool:
+        return self.status == FactStatus.CURRENT
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.status == FactStatus.CANDIDATE
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.tenant, self.subject, self.predicate)
+
+    @property
+    def provenance(self) -> dict:
+        """Where the value came from: source, when it was observed and recorded, which run."""
+        return {
+            "source": self.source,
+            "observed_at": self.observed_at,
+            "recorded_at": self.created_at,
+            "version": self.version,
+            "run_id": self.run.run_id if self.run_id else None,
+        }
+
+
+class FactConflictQuerySet(models.QuerySet):
+    def open(self):
+        return self.filter(state=ConflictState.OPEN)
+
+    def for_tenants(self, tenants):
+        """`tenants` None means every tenant (superusers)."""
+        return self if tenants is None else self.filter(tenant__in=tenants)
+
+
+class FactConflict(models.Model):
+    """A write that contradicted the current version without naming it, for a person to
+    decide. Both sides stay readable; the decision becomes a new current version."""
+
+    tenant = models.CharField(max_length=100, default="default")
+    subject = models.CharField(max_length=500)
+    predicate = models.CharField(max_length=200)
+    current = models.ForeignKey(Fact, on_delete=models.PROTECT, related_name="conflicts")
+    candidate = models.OneToOneField(Fact, on_delete=models.PROTECT, related_name="conflict")
+    state = models.CharField(
+        max_length=20, choices=ConflictState.choices, default=ConflictState.OPEN
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+        related_name="+",
+    )
+    resolution_reason = models.TextField(blank=True)
+    chosen = models.ForeignKey(
+        Fact, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    resolved_fact = models.ForeignKey(
+        Fact, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    objects = FactConflictQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(state__in=ConflictState.values), name="conflict_state_known"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state="open")
+                | models.Q(resolved_at__isnull=False, chosen__isnull=False,
+                           resolved_fact__isnull=False),
+                name="conflict_resolution_recorded",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "created_at", "id"], name="conflict_queue_idx")]
+        ordering = ["created_at", "id"]
+        permissions = [("resolve_factconflict", "Can decide between conflicting facts")]
+        triggers = [
+            pgtrigger.Trigger(
+                name="conflict_settled_once",
+                operation=pgtrigger.Update | pgtrigger.Delete,
+                when=pgtrigger.Before,
+                func=_CONFLICT_SETTLED,
+            ),
+        ]
+
+    def __str__(self):
+        return f"conflict on {self.subject} {self.predicate} ({self.state})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == ConflictState.OPEN
+
+
+class FactDecision(models.Model):
+    """A person's decision on a fact conflict. Append-only: the audit trail of facts."""
+
+    tenant = models.CharField(max_length=100)
+    conflict = models.ForeignKey(FactConflict, on_delete=models.PROTECT, related_name="decisions")
+    chosen = models.ForeignKey(Fact, on_delete=models.PROTECT, related_name="+")
+    written = models.ForeignKey(Fact, on_delete=models.PROTECT, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="+")
+    username = models.CharField(max_length=150)
+    reason = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["created_at", "id"], name="fact_decision_time_idx")]
+        ordering = ["created_at", "id"]
+        triggers = [
+            pgtrigger.Protect(
+                name="fact_decision_append_only", operation=pgtrigger.Update | pgtrigger.Delete
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.username} chose {self.chosen_id} for conflict {self.conflict_id}"
+
+
+class ObligationQuerySet(models.QuerySet):
+    def pending(self):
+        return self.filter(state=ObligationState.OPEN)
+
+    def overdue(self, now=None):
+        """Open obligations whose deadline has passed (the database clock unless `now`)."""
+        return self.pending().filter(deadline__lt=now if now is not None else Now())
+
+    def for_tenants(self, tenants):
+        """`tenants` None means every tenant (superusers)."""
+        return self if tenants is None else self.filter(tenant__in=tenants)
+
+
+class Obligation(models.Model):
+    """Something a run has promised to do exactly once, named by its idempotency key.
+
+    open -> committed (with its result) or cancelled, once; then it never changes (a
+    trigger refuses any UPDATE of a settled obligation, and every DELETE).
+    """
+
+    run = models.ForeignKey("ledger.Run", on_delete=models.PROTECT, related_name="obligations")
+    tenant = models.CharField(max_length=100, default="default")
+    kind = models.CharField(max_length=200)
+    key = models.CharField(max_length=200, unique=True)
+    state = models.CharField(
+        max_length=20, choices=ObligationState.choices, default=ObligationState.OPEN
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    deadline = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    committed_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True)
+
+    objects = ObligationQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(state__in=ObligationState.values),
+                name="obligation_state_known",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state="committed") | models.Q(committed_at__isnull=False),
+                name="obligation_commit_time_recorded",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state="cancelled") | models.Q(cancelled_at__isnull=False),
+                name="obligation_cancel_time_recorded",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["state", "deadline"], name="obligation_overdue_idx"),
+            models.Index(fields=["run", "state"], name="obligation_run_idx"),
+        ]
+        ordering = ["created_at", "id"]
+        triggers = [
+            pgtrigger.Trigger(
+                name="obligation_settled_once",
+                operation=pgtrigger.Update | pgtrigger.Delete,
+                when=pgtrigger.Before,
+                func=_OBLIGATION_ONCE,
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.key} ({self.state})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == ObligationState.OPEN
+
+
+class Episode(models.Model):
+    """What was said during a run (a message, a tool call, a transcript chunk), or where it
+    is stored. Low authority: a record of talk, never of what happened. Append-only."""
+
+    run = models.ForeignKey("ledger.Run", on_delete=models.PROTECT, related_name="episodes")
+    tenant = models.CharField(max_length=100, default="default")
+    role = models.CharField(max_length=50)
+    content_ref = models.CharField(max_length=1000, blank=True)
+    content = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "created_at", "id"], name="episode_run_idx")]
+        ordering = ["created_at", "id"]
+        triggers = [
+            pgtrigger.Protect(
+                name="episode_append_only", operation=pgtrigger.Update | pgtrigger.Delete
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.role} in run {self.run_id}"

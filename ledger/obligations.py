@@ -1,0 +1,140 @@
+"""Obligations: what a run has promised to do exactly once, named by an idempotency key.
+
+`open` is idempotent on the key. `commit` is one compare-and-set (`UPDATE ... WHERE state =
+'open'`), so among any number of concurrent committers exactly one wins; every other gets
+`AlreadyCommitted` carrying the winner's result. A settled obligation never changes: a
+trigger refuses any UPDATE of it, and every DELETE.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+
+from ledger import leases, runs
+from ledger.canonical import check_json, redact, scrub_text
+from ledger.errors import AlreadyCommitted, IdempotencyKeyReused, IllegalTransition, InvalidInput
+from ledger.inputs import check_aware, check_text
+from ledger.models import Obligation, ObligationState, Run
+
+
+def open(  # the contract's name; it shadows the builtin only inside this module
+    run: Run | str,
+    kind: str,
+    key: str,
+    *,
+    deadline: datetime | None = None,
+    fencing_token: int | None = None,
+) -> Obligation:
+    """Open the obligation `key` of `run`; returns it, or the existing one with that key
+    whatever its state (the deadline of an existing obligation is left as it was).
+
+    The same key naming another run or kind raises IdempotencyKeyReused. With
+    `fencing_token`, StaleFencingToken unless it is the run lease's current token.
+    """
+    check_text(kind, "kind", 200)
+    check_text(key, "key", 200)
+    check_aware(deadline, "deadline")
+    run = runs.as_run(run)
+    with transaction.atomic(durable=True):
+        if fencing_token is not None:
+            leases.check_run(run.pk, fencing_token)
+        # ON CONFLICT DO NOTHING: a concurrent opener of the same key reads the winner's row.
+        Obligation.objects.bulk_create(
+            [Obligation(run=run, tenant=run.tenant, kind=kind, key=key, deadline=deadline)],
+            ignore_conflicts=True,
+        )
+        obligation = Obligation.objects.select_related("run").get(key=key)
+    if obligation.run_id != run.pk or obligation.kind != kind:
+        raise IdempotencyKeyReused(
+            f"expected obligation key {key!r} to name {kind} of run {run.run_id}, found it "
+            f"naming {obligation.kind} of run {obligation.run.run_id} ({obligation.state})",
+            existing=obligation,
+        )
+    return obligation
+
+
+def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obligation:
+    """Commit the open obligation `key` with `result`, exactly once.
+
+    Whoever commits first wins; every later or concurrent call, even with the same result,
+    raises AlreadyCommitted whose `.result` is the winner's. A cancelled obligation raises
+    IllegalTransition; an unknown key InvalidInput. Secret-named keys in `result` are
+    redacted before it is stored.
+    """
+    check_text(key, "key", 200)
+    check_json(result, what="result")
+    result = redact(result)
+    with transaction.atomic(durable=True):
+        if fencing_token is not None:
+            leases.check_run(_run_pk(key), fencing_token)
+        won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
+            state=ObligationState.COMMITTED, result=result, committed_at=Now()
+        )
+        obligation = Obligation.objects.filter(key=key).first()
+    if won == 1:
+        return obligation
+    raise _not_open(key, obligation, doing="commit")
+
+
+def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obligation:
+    """Cancel the open obligation `key`: it will not be done. Cancelling a cancelled one
+    returns it unchanged; a committed one raises AlreadyCommitted (with its result)."""
+    check_text(key, "key", 200)
+    check_text(reason, "reason", 2000)
+    with transaction.atomic(durable=True):
+        if fencing_token is not None:
+            leases.check_run(_run_pk(key), fencing_token)
+        won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
+            state=ObligationState.CANCELLED, cancelled_at=Now(),
+            cancel_reason=scrub_text(reason.strip()),
+        )
+        obligation = Obligation.objects.filter(key=key).first()
+    if won == 1 or (obligation is not None and obligation.state == ObligationState.CANCELLED):
+        return obligation
+    raise _not_open(key, obligation, doing="cancel")
+
+
+def overdue(*, tenants=None, now: datetime | None = None):
+    """Open obligations past their deadline, of the given tenants (None: every tenant),
+    most overdue first."""
+    return (
+        Obligation.objects.overdue(now).for_tenants(tenants)
+        .select_related("run").order_by("deadline", "id")
+    )
+
+
+def pending(run: Run) -> list[Obligation]:
+    """The run's open obligations, oldest first."""
+    return list(Obligation.objects.pending().filter(run=run).order_by("created_at", "id"))
+
+
+def _run_pk(key: str) -> int:
+    run_pk = Obligation.objects.filter(key=key).values_list("run_id", flat=True).first()
+    if run_pk is None:
+        raise _not_open(key, None, doing="check the fencing token of")
+    return run_pk
+
+
+def _not_open(key: str, obligation: Obligation | None, *, doing: str) -> Exception:
+    if obligation is None:
+        return InvalidInput(
+            f"expected an open obligation with key {key!r} to {doing}, found none; "
+            "obligations.open it first"
+        )
+    if obligation.state == ObligationState.COMMITTED:
+        return AlreadyCommitted(
+            f"expected obligation {key!r} to be open to {doing} it, found it committed at "
+            f"{obligation.committed_at.isoformat()} with result "
+            f"{scrub_text(repr(obligation.result))[:200]}",
+            result=obligation.result,
+            obligation=obligation,
+        )
+    return IllegalTransition(
+        f"expected obligation {key!r} to be open to {doing} it, found it {obligation.state}",
+        from_state=obligation.state,
+        to_state=ObligationState.COMMITTED if doing == "commit" else ObligationState.CANCELLED,
+    )

@@ -1,0 +1,311 @@
+"""Runs, their steps, and resuming a run from the durable record.
+
+A step moves pending -> started -> committed, and starts only once every step it depends on
+is committed ("no shipping before the payment clears"); a trigger refuses anything else.
+`resume` hands a run to a new worker: it takes the run's lease `run:<run_id>` (a larger
+fencing token, so writes still carrying the previous worker's token are refused) and
+returns the hand-off view, read from the tables, never from a summary or a transcript.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from ledger import facts as facts_api
+from ledger import leases, states
+from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
+from ledger.inputs import check_names, check_text
+from ledger.models import (
+    Fact,
+    FactConflict,
+    Lease,
+    Obligation,
+    Operation,
+    Run,
+    Step,
+    StepState,
+)
+
+DEFAULT_RESUME_TTL = timedelta(minutes=5)
+
+
+def as_run(run: Run | str, *, tenant: str | None = None) -> Run:
+    """`run` itself, or the Run named by that run_id; InvalidInput if there is none, or if
+    it belongs to another tenant than `tenant` (when given)."""
+    if isinstance(run, str):
+        found = Run.objects.filter(run_id=run).first()
+        if found is None:
+            raise InvalidInput(f"expected run {run!r} to exist, found no such run")
+        run = found
+    elif not isinstance(run, Run) or run.pk is None:
+        raise InvalidInput(f"expected a saved Run or a run_id, found {run!r}")
+    if tenant is not None and run.tenant != tenant:
+        raise InvalidInput(
+            f"expected run {run.run_id} to belong to tenant {tenant!r}, found {run.tenant!r}"
+        )
+    return run
+
+
+def start(objective: str, *, tenant: str = "default", run_id: str | None = None) -> Run:
+    """Start a run working on `objective`; returns it. With the `run_id` of an existing run
+    of the same tenant and objective, returns that run (starting twice is harmless); with
+    another tenant or objective, InvalidInput."""
+    check_text(objective, "objective", 10_000)
+    check_text(tenant, "tenant", 100)
+    if run_id is None:
+        run_id = f"run-{timezone.now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
+    check_text(run_id, "run_id", 100)
+    with transaction.atomic(durable=True):
+        run, created = Run.objects.get_or_create(
+            run_id=run_id, defaults={"tenant": tenant, "objective": objective}
+        )
+    if not created and (run.tenant, run.objective) != (tenant, objective):
+        raise InvalidInput(
+            f"expected run_id {run_id!r} to be new, or to name a run of tenant {tenant!r} "
+            f"with objective {objective[:80]!r}, found tenant {run.tenant!r} and objective "
+            f"{run.objective[:80]!r}"
+        )
+    return run
+
+
+def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = ()) -> Step:
+    """Add step `step_id` (pending) to `run`, depending on steps already added to it.
+
+    Adding the same step with the same dependencies again returns it; other dependencies
+    raise InvalidInput. A dependency must exist before the step that needs it, so steps
+    never depend on each other in a cycle.
+    """
+    check_text(step_id, "step_id", 100)
+    wanted = check_names(depends_on, "depends_on", 100)
+    run = as_run(run)
+    with transaction.atomic(durable=True):
+        deps = list(Step.objects.filter(run=run, step_id__in=wanted))
+        unknown = sorted(set(wanted) - {d.step_id for d in deps})
+        if unknown:
+            raise InvalidInput(
+                f"expected the dependencies of {step_id} to be steps already added to run "
+                f"{run.run_id}, found no step {', '.join(unknown)}"
+            )
+        step, created = Step.objects.get_or_create(run=run, step_id=step_id)
+        if created:
+            step.depends_on.set(deps)
+            return step
+        have = sorted(step.depends_on.values_list("step_id", flat=True))
+    if have != sorted(wanted):
+        raise InvalidInput(
+            f"expected step {step_id} of run {run.run_id} to be new, or to depend on "
+            f"{sorted(wanted)} as before, found it depending on {have}"
+        )
+    return step
+
+
+def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None) -> Step:
+    """pending -> started. Raises DependencyNotMet (`.missing`: the uncommitted steps)
+    until every dependency is committed. A started step is returned as it is (a resumed
+    worker takes it over); a committed one raises IllegalTransition: it is done."""
+    with transaction.atomic(durable=True):
+        step = _locked_step(run, step_id, fencing_token)
+        if step.state == StepState.COMMITTED:
+            raise IllegalTransition(
+                f"expected step {step_id} of run {step.run.run_id} to be pending to start it, "
+                f"found it committed at {step.committed_at.isoformat()}",
+                from_state=step.state, to_state=StepState.STARTED,
+            )
+        return _start(step)
+
+
+def commit_step(run: Run | str, step_id: str, *, fencing_token: int | None = None) -> Step:
+    """-> committed (a pending step is started first, so DependencyNotMet applies too).
+    Committing a committed step returns it unchanged."""
+    with transaction.atomic(durable=True):
+        step = _locked_step(run, step_id, fencing_token)
+        if step.state == StepState.COMMITTED:
+            return step
+        _start(step)
+        Step.objects.filter(pk=step.pk).update(state=StepState.COMMITTED, committed_at=Now())
+        step.refresh_from_db()
+        return step
+
+
+def _locked_step(run, step_id: str, fencing_token: int | None) -> Step:
+    check_text(step_id, "step_id", 100)
+    run = as_run(run)
+    if fencing_token is not None:
+        leases.check_run(run.pk, fencing_token)
+    step = Step.objects.select_for_update().filter(run=run, step_id=step_id).first()
+    if step is None:
+        raise InvalidInput(
+            f"expected step {step_id!r} in run {run.run_id}, found no such step (add_step first)"
+        )
+    step.run = run
+    return step
+
+
+def _start(step: Step) -> Step:
+    if step.state == StepState.STARTED:
+        return step
+    missing = list(
+        step.depends_on.exclude(state=StepState.COMMITTED)
+        .order_by("step_id").values_list("step_id", "state")
+    )
+    if missing:
+        raise DependencyNotMet(
+            f"expected every step that {step.step_id} depends on to be committed before it "
+            f"starts, found {', '.join(f'{name} {state}' for name, state in missing)}",
+            missing=[name for name, _ in missing],
+        )
+    Step.objects.filter(pk=step.pk).update(state=StepState.STARTED, started_at=Now())
+    step.refresh_from_db()
+    return step
+
+
+# --- resuming ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The hand-off view of a run, read from its records.
+
+    `token` is the fencing token to pass to every write (None when no lease was ever taken,
+    from `hand_off`). `open_operations` are the run's non-terminal operations;
+    `pending_obligations` its open obligations; `facts` the current version of every
+    (subject, predicate) the run wrote, with provenance (`Fact.provenance`);
+    `open_conflicts` the conflicts its own writes opened and a person has not decided.
+    """
+
+    run: Run
+    token: int | None
+    holder: str | None
+    objective: str
+    steps: tuple[Step, ...]
+    open_operations: tuple[Operation, ...]
+    pending_obligations: tuple[Obligation, ...]
+    facts: tuple[Fact, ...]
+    open_conflicts: tuple[FactConflict, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The view as plain JSON-ready data (times in ISO 8601)."""
+        return {
+            "run_id": self.run.run_id,
+            "tenant": self.run.tenant,
+            "objective": self.objective,
+            "token": self.token,
+            "holder": self.holder,
+            "steps": [_step_dict(s) for s in self.steps],
+            "open_operations": [_operation_dict(op) for op in self.open_operations],
+            "pending_obligations": [_obligation_dict(o) for o in self.pending_obligations],
+            "facts": [_fact_dict(f) for f in self.facts],
+            "open_conflicts": [
+                {"subject": c.subject, "predicate": c.predicate, "current_version":
+                 c.current.version, "candidate": c.candidate.value,
+                 "candidate_source": c.candidate.source} for c in self.open_conflicts
+            ],
+        }
+
+
+def resume(run_id: str | Run, *, worker: str, ttl: timedelta = DEFAULT_RESUME_TTL) -> Resume:
+    """Take over the run for `worker` and return its hand-off view.
+
+    Takes the lease `run:<run_id>` with a fencing token larger than any before, so writes
+    still carrying an older token (`receipts.mark_succeeded(op, fencing_token=old)`,
+    `commit_step`, `obligations.commit`, `facts.assert_fact` with `fencing_token=`) are
+    refused with StaleFencingToken. While another worker's lease is live this raises
+    LeaseHeld (`.owner`, `.expires_at`) and takes nothing: wait for it to expire, or for
+    its holder to release it. The same worker resuming again gets a new, larger token.
+    """
+    check_text(worker, "worker", 200)
+    run = as_run(run_id)
+    with transaction.atomic(durable=True):
+        token = leases.acquire(run.lease_resource, worker, ttl)
+        return _view(run, token, worker)
+
+
+def hand_off(run_id: str | Run) -> Resume:
+    """The hand-off view without taking the lease (token and holder: the lease's current
+    ones, if any). For pages and supervisors; a worker resumes with `resume`."""
+    run = as_run(run_id)
+    lease = Lease.objects.filter(resource=run.lease_resource).first()
+    return _view(run, lease.token if lease else None, lease.owner if lease else None)
+
+
+def _view(run: Run, token: int | None, holder: str | None) -> Resume:
+    steps = Step.objects.filter(run=run).prefetch_related("depends_on").order_by("id")
+    operations = (
+        Operation.objects.filter(run=run).exclude(state__in=states.TERMINAL)
+        .select_related("step").order_by("created_at", "id")
+    )
+    conflicts = (
+        FactConflict.objects.open().filter(candidate__run=run)
+        .select_related("current", "candidate").order_by("created_at", "id")
+    )
+    return Resume(
+        run=run,
+        token=token,
+        holder=holder,
+        objective=run.objective,
+        steps=tuple(steps),
+        open_operations=tuple(operations),
+        pending_obligations=tuple(
+            Obligation.objects.pending().filter(run=run).order_by("created_at", "id")
+        ),
+        facts=tuple(facts_api.facts_of_run(run)),
+        open_conflicts=tuple(conflicts),
+    )
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _step_dict(step: Step) -> dict[str, Any]:
+    return {
+        "step_id": step.step_id,
+        "state": step.state,
+        "depends_on": sorted(d.step_id for d in step.depends_on.all()),
+        "started_at": _iso(step.started_at),
+        "committed_at": _iso(step.committed_at),
+    }
+
+
+def _operation_dict(op: Operation) -> dict[str, Any]:
+    return {
+        "operation_id": op.operation_id,
+        "operation": op.operation,
+        "target": op.target,
+        "state": op.state,
+        "version": op.version,
+        "attempt": op.attempt,
+        "idempotency_key": op.idempotency_key,
+        "step_id": op.step.step_id if op.step_id else None,
+        "external_id": op.external_id,
+    }
+
+
+def _obligation_dict(obligation: Obligation) -> dict[str, Any]:
+    return {
+        "key": obligation.key,
+        "kind": obligation.kind,
+        "deadline": _iso(obligation.deadline),
+        "created_at": _iso(obligation.created_at),
+    }
+
+
+def _fact_dict(fact: Fact) -> dict[str, Any]:
+    return {
+        "subject": fact.subject,
+        "predicate": fact.predicate,
+        "value": fact.value,
+        "version": fact.version,
+        "source": fact.source,
+        "observed_at": _iso(fact.observed_at),
+        "recorded_at": _iso(fact.created_at),
+        "run_id": fact.run.run_id if fact.run_id else None,
+    }
