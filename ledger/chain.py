@@ -180,6 +180,37 @@ OPERATION_EVENTS = register(
 )
 
 
+def fact_decision_payload(decision) -> dict[str, Any]:
+    """The content of one FactDecision that its chain hash covers (facts never change)."""
+    return {
+        "kind": "fact_decision",
+        "tenant": decision.tenant,
+        "conflict": decision.conflict_id,
+        "chosen": decision.chosen_id,
+        "written": decision.written_id,
+        "username": decision.username,
+        "reason": decision.reason,
+        "created_at": timestamp(decision.created_at),
+    }
+
+
+def _decision_rows():
+    from ledger.models import FactDecision
+
+    return FactDecision.objects.all()
+
+
+FACT_DECISIONS = register(
+    ChainSpec(
+        name="fact_decisions",
+        rows=_decision_rows,
+        payload=fact_decision_payload,
+        describe=lambda decision: {"fact_decision_id": decision.pk,
+                                   "conflict_id": decision.conflict_id},
+    )
+)
+
+
 # --- verification -----------------------------------------------------------------------
 
 

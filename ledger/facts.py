@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from ledger import access, leases
+from ledger import access, chain, leases
 from ledger.canonical import check_json, fingerprint, redact, scrub_text
 from ledger.errors import InvalidInput, StaleFact, StaleVersion
 from ledger.inputs import check_aware, check_text
@@ -281,10 +281,14 @@ def resolve_conflict(
             state=ConflictState.RESOLVED, resolved_at=written.created_at, resolved_by=user,
             resolution_reason=reason, chosen=chosen, resolved_fact=written,
         )
-        FactDecision.objects.create(
+        decision = FactDecision(
             tenant=conflict.tenant, conflict=conflict, chosen=chosen, written=written,
-            user=user, username=username, reason=reason,
+            user=user, username=username, reason=reason, created_at=timezone.now(),
         )
+        linked = chain.link(chain.FACT_DECISIONS.name, conflict.tenant,
+                            chain.fact_decision_payload(decision))
+        decision.chain_seq, decision.chain_hash = linked.seq, linked.hash
+        decision.save(force_insert=True)
     conflict.refresh_from_db()
     return written
 

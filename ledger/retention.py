@@ -199,12 +199,23 @@ class Blocker:
     holds_sql: str
 
 
-# PLUG-IN POINT for rules owned by other modules. Every entry is checked inside each purge
-# and redaction statement. Open obligations and open fact conflicts tied to an operation
-# (ledger.models.execution) belong here, e.g.
-#   Blocker("open obligation", "EXISTS (SELECT 1 FROM ledger_obligation ob "
-#           "WHERE ob.operation_id = o.id AND ob.committed_at IS NULL)")
-PURGE_BLOCKERS: list[Blocker] = []
+# Rules beyond terminal-and-old, checked inside each purge and redaction statement: while
+# its run still has an open obligation or an open fact conflict, an operation is part of
+# unfinished business and is kept.
+PURGE_BLOCKERS: list[Blocker] = [
+    Blocker(
+        "open obligation",
+        "EXISTS (SELECT 1 FROM ledger_obligation ob "
+        "WHERE ob.run_id = o.run_id AND ob.state = 'open')",
+    ),
+    Blocker(
+        "open fact conflict",
+        "EXISTS (SELECT 1 FROM ledger_factconflict fc "
+        "JOIN ledger_fact cur ON cur.id = fc.current_id "
+        "JOIN ledger_fact cand ON cand.id = fc.candidate_id "
+        "WHERE fc.state = 'open' AND o.run_id IN (cur.run_id, cand.run_id))",
+    ),
+]
 
 
 def blockers() -> list[Blocker]:
@@ -281,7 +292,9 @@ class TableSize:
 
 LEDGER_TABLES = (
     "ledger_operation", "ledger_operationevent", "ledger_evidence", "ledger_redaction",
-    "ledger_chainanchor", "ledger_purgerun", "ledger_retentionchange",
+    "ledger_chainanchor", "ledger_purgerun", "ledger_retentionchange", "ledger_fact",
+    "ledger_factconflict", "ledger_factdecision", "ledger_obligation", "ledger_episode",
+    "ledger_run", "ledger_step",
 )
 
 

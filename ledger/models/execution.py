@@ -328,8 +328,15 @@ class FactDecision(models.Model):
     username = models.CharField(max_length=150)
     reason = models.TextField()
     created_at = models.DateTimeField(db_default=Now())
+    # Its link in the tenant's "fact_decisions" hash chain (ledger.chain).
+    chain_seq = models.BigIntegerField(null=True, blank=True)
+    chain_hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "chain_seq"],
+                                    name="fact_decision_chain_seq_unique"),
+        ]
         indexes = [models.Index(fields=["created_at", "id"], name="fact_decision_time_idx")]
         ordering = ["created_at", "id"]
         triggers = [

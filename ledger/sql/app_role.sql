@@ -34,7 +34,9 @@ BEGIN
         'ledger_evidence',
         'ledger_retentionchange',
         'ledger_redaction',
-        'ledger_chainanchor'
+        'ledger_chainanchor',
+        'ledger_factdecision',
+        'ledger_episode'
     ] LOOP
         EXECUTE format('REVOKE UPDATE, DELETE, TRUNCATE ON %I FROM %I', audit_table, app_role);
     END LOOP;

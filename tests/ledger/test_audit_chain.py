@@ -238,7 +238,8 @@ def test_events_stay_append_only_outside_the_purge():
 # --- the application role -----------------------------------------------------------------
 
 AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentionchange",
-                "ledger_redaction", "ledger_chainanchor"]
+                "ledger_redaction", "ledger_chainanchor", "ledger_factdecision",
+                "ledger_episode"]
 
 
 def test_the_role_script_covers_every_append_only_table():
@@ -274,3 +275,34 @@ def test_the_app_role_cannot_update_delete_or_truncate_audit_tables_but_can_writ
         assert cursor.fetchone() == ("ledger_app_test",)
         cursor.execute("RESET ROLE")
     assert Operation.objects.get(pk=op.pk).state == State.SUCCEEDED
+
+
+def decide_a_conflict(subject: str):
+    from ledger import facts
+    from ledger.models import FactConflict
+
+    facts.assert_fact(subject, "status", "paid", source="agent-a")
+    facts.assert_fact(subject, "status", "refunded", source="agent-b")
+    conflict = FactConflict.objects.get(subject=subject)
+    facts.resolve_conflict(conflict, winner="candidate", user=retention_admin(f"r-{subject}"),
+                           reason="the bank statement shows the refund")
+    return conflict.decisions.get()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_human_decisions_on_facts_are_chained_and_verify():
+    first, second = decide_a_conflict("order-1"), decide_a_conflict("order-2")
+    assert (first.chain_seq, second.chain_seq) == (1, 2)
+    assert chain.verify(actor="test").is_intact
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fact_decision_altered_behind_the_triggers_is_found_and_named():
+    decide_a_conflict("order-1")
+    victim = decide_a_conflict("order-2")
+    tamper("UPDATE ledger_factdecision SET reason = 'no reason' WHERE id = %s", [victim.pk])
+    result = chain.verify(actor="test")
+    assert not result.is_intact
+    assert result.first_break.chain == "fact_decisions"
+    assert result.first_break.ids == {"fact_decision_id": victim.pk,
+                                      "conflict_id": victim.conflict_id}

@@ -279,3 +279,29 @@ def test_a_purge_under_load_removes_only_what_was_eligible_when_deleted_and_lose
                         .values_list("version", flat=True).order_by("version"))
         assert versions == list(range(1, op.version + 1)), op.operation_id
     assert chain.verify(actor="load").is_intact
+
+
+@pytest.mark.django_db
+def test_purge_keeps_operations_of_a_run_with_an_open_obligation_or_fact_conflict(thirty_days):
+    from ledger import facts, obligations, runs
+
+    pending, disputed, done = (runs.start(f"run {name}") for name in ("a", "b", "c"))
+    with_obligation = aged(State.SUCCEEDED, 31, run=pending)
+    with_conflict = aged(State.SUCCEEDED, 31, run=disputed)
+    free = aged(State.SUCCEEDED, 31, run=done)
+    obligations.open(pending, "invoice.send", "open-obligation-key")
+    facts.assert_fact("order-1", "status", "paid", source="agent", run=disputed)
+    facts.assert_fact("order-1", "status", "refunded", source="agent", run=disputed)
+    obligations.open(done, "invoice.send", "done-obligation-key")
+    obligations.commit("done-obligation-key", {"sent": True})
+
+    call_command("purge", actor="cron")
+
+    kept = set(Operation.objects.values_list("pk", flat=True))
+    assert {with_obligation.pk, with_conflict.pk} <= kept
+    assert free.pk not in kept
+
+    obligations.commit("open-obligation-key", {"sent": True})
+    call_command("purge", actor="cron")
+    assert not Operation.objects.filter(pk=with_obligation.pk).exists()
+    assert Operation.objects.filter(pk=with_conflict.pk).exists()

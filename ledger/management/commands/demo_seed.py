@@ -1,9 +1,10 @@
-"""Create the demo users and demo operations; prints the users' passwords."""
+"""Create the demo users, operations and runs; prints the users' passwords."""
 
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
 from ledger import access
+from ledger.demo.execution import seed_execution
 from ledger.demo.operations import seed_operations
 
 DEMO_USERS = [
@@ -16,7 +17,8 @@ DEMO_USERS = [
 
 class Command(BaseCommand):
     help = ("Create demo users admin, reviewer and viewer (printing their passwords) and "
-            "demo operations reconciled against a simulated articles service.")
+            "demo operations reconciled against a simulated articles service, and demo runs "
+            "with steps, facts (one conflict) and obligations (one overdue).")
 
     def handle(self, *args, **options):
         for username, password, group, is_staff in DEMO_USERS:
@@ -32,3 +34,4 @@ class Command(BaseCommand):
         for username, password, group, _ in DEMO_USERS:
             self.stdout.write(f"  {username:<9} password {password:<20} role {group}")
         seed_operations(self.stdout)
+        seed_execution(self.stdout)
