@@ -1,0 +1,213 @@
+"""P2: does the review desk stay fast as the ledger grows?
+
+Seeds operations with a bulk loader (INSERT ... SELECT over generate_series, in batches,
+with progress; triggers off for the load, as for a restore), 1% of them unresolved, three
+events each, evidence on the unresolved ones and a few duplicates. Then times the queue
+page, the operation detail and Django's admin changelist of operations (the reference)
+through Django's test client at the small size, grows the same tables to the large size
+and times them again. The claim is each page's time ratio large / small, with its SQL
+query count at both sizes.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+if __package__ in (None, ""):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Stopwatch, interleave, ms, parse_args, print_table, record, setup_django
+
+SCALES = {"quick": (10_000, 200_000), "full": (10_000, 1_000_000)}
+BATCH = 100_000
+ROUNDS = {"quick": 15, "full": 25}
+
+_OPERATIONS = """
+INSERT INTO ledger_operation (
+    operation_id, tenant, operation, target, intent, intent_fingerprint, idempotency_key,
+    retry_policy, state, version, attempt, external_id, error_code, error_detail,
+    authentication_recorded, created_at, state_changed_at, submitted_at, completed_at,
+    unknown_since, reconcile_attempts, reconcile_failures)
+SELECT 'p2-' || %(tag)s || '-' || lpad(g::text, 8, '0'),
+       'default',
+       (ARRAY['articles.create', 'email.send', 'invoice.issue', 'crm.update'])[1 + g %% 4],
+       'https://svc.example/api',
+       jsonb_build_object('title', 'Item ' || g, 'body', repeat('x', 200)),
+       -- every 5000th pair shares a fingerprint: duplicates that both succeeded
+       'sha256:' || md5((CASE WHEN g %% 5000 IN (2, 3) THEN g - g %% 2 ELSE g END)::text)
+                 || md5('p2' || (CASE WHEN g %% 5000 IN (2, 3) THEN g - g %% 2 ELSE g END)),
+       'p2-' || %(tag)s || '-' || g,
+       'if_absent_proven',
+       s.state, 3, 1,
+       CASE WHEN s.state = 'succeeded' THEN 'ext-' || g ELSE '' END,
+       CASE WHEN s.state = 'succeeded' THEN '' ELSE 'TimeoutError' END,
+       '', false,
+       s.at, s.at + interval '2 seconds', s.at + interval '1 second',
+       CASE WHEN s.state IN ('succeeded', 'rejected') THEN s.at + interval '2 seconds' END,
+       CASE WHEN s.state IN ('outcome_unknown', 'manual_review')
+            THEN s.at + interval '2 seconds' END,
+       0, 0
+  FROM generate_series(%(first)s, %(last)s) g,
+       LATERAL (SELECT CASE WHEN g %% 100 = 0 THEN 'outcome_unknown'
+                            WHEN g %% 100 = 50 THEN 'manual_review'
+                            WHEN g %% 50 = 7 THEN 'rejected'
+                            ELSE 'succeeded' END AS state,
+                       now() - interval '30 days' + g * interval '1 second' AS at) s
+"""
+
+_EVENTS = """
+INSERT INTO ledger_operationevent (
+    operation_id, tenant, version, from_state, to_state, actor_kind, actor_id, reason,
+    evidence, fencing_token, created_at, chain_seq, chain_hash)
+SELECT o.id, o.tenant, v,
+       (ARRAY['', 'planned', 'submitted'])[v],
+       (ARRAY['planned', 'submitted', o.state])[v],
+       'agent', 'bench-agent', 'seeded', NULL, NULL,
+       o.created_at + (v - 1) * interval '1 second',
+       o.id * 3 + v, repeat('0', 64)
+  FROM ledger_operation o, generate_series(1, 3) v
+ WHERE o.operation_id BETWEEN %(lo)s AND %(hi)s
+"""
+
+_EVIDENCE = """
+INSERT INTO ledger_evidence (operation_id, reconciler, query, observed, verdict, matched_by,
+                             detail, created_at)
+SELECT o.id, 'bench.Reconciler', jsonb_build_object('idempotency_key', o.idempotency_key),
+       CASE WHEN o.state = 'manual_review'
+            THEN jsonb_build_object('matches', jsonb_build_array('a-1', 'a-2'))
+            ELSE '{}'::jsonb END,
+       CASE WHEN o.state = 'manual_review' THEN 'ambiguous' ELSE 'not_yet' END,
+       'fingerprint', 'seeded', o.state_changed_at
+  FROM ledger_operation o
+ WHERE o.operation_id BETWEEN %(lo)s AND %(hi)s
+   AND o.state IN ('outcome_unknown', 'manual_review')
+"""
+
+
+def seed(tag: str, first: int, last: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            for start in range(first, last + 1, BATCH):
+                stop = min(last, start + BATCH - 1)
+                lo, hi = f"p2-{tag}-{start:08d}", f"p2-{tag}-{stop:08d}"
+                started = time.perf_counter()
+                cursor.execute(_OPERATIONS, {"tag": tag, "first": start, "last": stop})
+                cursor.execute(_EVENTS, {"lo": lo, "hi": hi})
+                cursor.execute(_EVIDENCE, {"lo": lo, "hi": hi})
+                print(f"  seeded operations {start:>9,}..{stop:>9,} with events and evidence "
+                      f"in {time.perf_counter() - started:.1f} s", flush=True)
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+        cursor.execute("ANALYZE ledger_operation, ledger_operationevent, ledger_evidence")
+
+
+def reset() -> None:
+    """Empty the operations tables of the bench database (they hold nothing else's data)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence,"
+                       " ledger_redaction CASCADE")
+
+
+def measure(clients, urls, rounds: int) -> dict[str, dict]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    out = {}
+    watches = {}
+    for name, (who, url) in urls.items():
+        client = clients[who]
+        response = client.get(url)
+        if response.status_code != 200:
+            raise SystemExit(f"expected 200 from {url}, found {response.status_code}")
+        with CaptureQueriesContext(connection) as captured:
+            client.get(url)
+        watches[name] = Stopwatch(name)
+        out[name] = {"queries": len(captured.captured_queries)}
+
+    def getter(client, url):
+        return lambda: client.get(url)
+
+    interleave(rounds, [(watches[name], getter(clients[who], url))
+                        for name, (who, url) in urls.items()])
+    for name, watch in watches.items():
+        out[name]["median_ms"] = watch.median * 1000
+    return out
+
+
+def main() -> dict:
+    args = parse_args(__doc__.splitlines()[0])
+    setup_django()
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+
+    from ledger import access
+    from ledger.models import Operation
+
+    small, large = SCALES[args.scale]
+    rounds = ROUNDS[args.scale]
+    tag = uuid.uuid4().hex[:6]
+    reset()
+
+    reviewer, _ = User.objects.get_or_create(username="p2-reviewer")
+    reviewer.groups.add(Group.objects.get(name="reviewer"))
+    access.grant(reviewer, "default")
+    admin, _ = User.objects.get_or_create(username="p2-admin",
+                                          defaults={"is_staff": True, "is_superuser": True})
+    clients = {"reviewer": Client(), "admin": Client()}
+    clients["reviewer"].force_login(reviewer)
+    clients["admin"].force_login(admin)
+
+    results = {}
+    for size, first, last in (("small", 1, small), ("large", small + 1, large)):
+        print(f"seeding up to {last:,} operations", flush=True)
+        seed(tag, first, last)
+        # the same kind of operation each time: the newest manual_review one
+        op = Operation.objects.filter(state="manual_review").order_by("-id").first()
+        urls = {
+            "queue": ("reviewer", "/"),
+            "queue, manual_review": ("reviewer", "/?state=manual_review"),
+            "operation detail": ("reviewer", op.get_absolute_url()),
+            "admin changelist": ("admin", "/admin/ledger/operation/"),
+        }
+        results[size] = measure(clients, urls, rounds)
+        results[size]["rows"] = last
+
+    rows = []
+    summary_pages = {}
+    for name in results["small"]:
+        if name == "rows":
+            continue
+        a, b = results["small"][name], results["large"][name]
+        ratio = b["median_ms"] / a["median_ms"]
+        summary_pages[name] = {"ratio": ratio, "small": a, "large": b}
+        rows.append((name, f"{ms(a['median_ms'] / 1000)} at {small:,}, "
+                           f"{ms(b['median_ms'] / 1000)} at {large:,}: {ratio:.2f}x; "
+                           f"queries {a['queries']} / {b['queries']}"))
+    print_table(f"P2 desk pages, {small:,} vs {large:,} operations (1% unresolved), median "
+                f"of {rounds}", rows)
+    desk = [summary_pages[n]["ratio"] for n in ("queue", "queue, manual_review",
+                                                "operation detail")]
+    summary = {
+        "scale": args.scale, "small_rows": small, "large_rows": large,
+        "ratio": max(desk),
+        "queries_constant": all(p["small"]["queries"] == p["large"]["queries"]
+                                for p in summary_pages.values()),
+        "pages": summary_pages,
+    }
+    print(f"worst desk page ratio {summary['ratio']:.2f}x; query counts constant: "
+          f"{summary['queries_constant']}")
+    record("P2", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
