@@ -1,12 +1,13 @@
 """P2: does the review desk stay fast as the ledger grows?
 
-Seeds operations with a bulk loader (INSERT ... SELECT over generate_series, in batches,
-with progress; triggers off for the load, as for a restore), 1% of them unresolved, three
-events each, evidence on the unresolved ones and a few duplicates. Then times the queue
-page, the operation detail and Django's admin changelist of operations (the reference)
-through Django's test client at the small size, grows the same tables to the large size
-and times them again. The claim is each page's time ratio large / small, with its SQL
-query count at both sizes.
+Seeds 10k unresolved operations (outcome_unknown and manual_review, some ambiguous, a few
+duplicate pairs) with a bulk loader (INSERT ... SELECT over generate_series, in batches,
+with progress; triggers off for the load, as for a restore), three events each and
+evidence on the unresolved ones. Times the queue page, the operation detail and Django's
+admin changelist of operations (the reference) through Django's test client; then grows
+the same tables with resolved history to 1M operations (quick scale: 200k) and times them
+again. The claim is each page's time ratio large / small with its SQL query count at both
+sizes: the desk's cost follows the unresolved work, not the history.
 """
 
 from __future__ import annotations
@@ -22,24 +23,26 @@ if __package__ in (None, ""):
 
 from bench.common import Stopwatch, interleave, ms, parse_args, print_table, record, setup_django
 
+# (unresolved operations, all operations): the queue's work stays the same, history grows.
 SCALES = {"quick": (10_000, 200_000), "full": (10_000, 1_000_000)}
 BATCH = 100_000
 ROUNDS = {"quick": 15, "full": 25}
 
+# The unresolved work (the first %(unresolved)s operations: half outcome_unknown, half
+# manual_review, every tenth of those ambiguous, a few duplicate pairs that both succeeded)
+# comes first; everything after is resolved history.
 _OPERATIONS = """
 INSERT INTO ledger_operation (
     operation_id, tenant, operation, target, intent, intent_fingerprint, idempotency_key,
     retry_policy, state, version, attempt, external_id, error_code, error_detail,
     authentication_recorded, created_at, state_changed_at, submitted_at, completed_at,
-    unknown_since, reconcile_attempts, reconcile_failures)
+    unknown_since, reconcile_attempts, reconcile_failures, conflict)
 SELECT 'p2-' || %(tag)s || '-' || lpad(g::text, 8, '0'),
        'default',
        (ARRAY['articles.create', 'email.send', 'invoice.issue', 'crm.update'])[1 + g %% 4],
        'https://svc.example/api',
        jsonb_build_object('title', 'Item ' || g, 'body', repeat('x', 200)),
-       -- every 5000th pair shares a fingerprint: duplicates that both succeeded
-       'sha256:' || md5((CASE WHEN g %% 5000 IN (2, 3) THEN g - g %% 2 ELSE g END)::text)
-                 || md5('p2' || (CASE WHEN g %% 5000 IN (2, 3) THEN g - g %% 2 ELSE g END)),
+       'sha256:' || md5(s.twin::text) || md5('p2' || s.twin),
        'p2-' || %(tag)s || '-' || g,
        'if_absent_proven',
        s.state, 3, 1,
@@ -50,13 +53,20 @@ SELECT 'p2-' || %(tag)s || '-' || lpad(g::text, 8, '0'),
        CASE WHEN s.state IN ('succeeded', 'rejected') THEN s.at + interval '2 seconds' END,
        CASE WHEN s.state IN ('outcome_unknown', 'manual_review')
             THEN s.at + interval '2 seconds' END,
-       0, 0
+       0, 0,
+       CASE WHEN g <= %(unresolved)s AND g %% 1000 IN (1, 2) THEN 'duplicate'
+            WHEN g <= %(unresolved)s AND g %% 20 = 0 THEN 'ambiguous'
+            ELSE '' END
   FROM generate_series(%(first)s, %(last)s) g,
-       LATERAL (SELECT CASE WHEN g %% 100 = 0 THEN 'outcome_unknown'
-                            WHEN g %% 100 = 50 THEN 'manual_review'
+       LATERAL (SELECT CASE WHEN g <= %(unresolved)s AND g %% 1000 IN (1, 2) THEN 'succeeded'
+                            WHEN g <= %(unresolved)s AND g %% 2 = 0 THEN 'manual_review'
+                            WHEN g <= %(unresolved)s THEN 'outcome_unknown'
                             WHEN g %% 50 = 7 THEN 'rejected'
                             ELSE 'succeeded' END AS state,
-                       now() - interval '30 days' + g * interval '1 second' AS at) s
+                       CASE WHEN g <= %(unresolved)s AND g %% 1000 = 2 THEN g - 1
+                            ELSE g END AS twin,
+                       now() - %(days_ago)s * interval '1 day'
+                           + (g %% 2000000) * interval '1 second' AS at) s
 """
 
 _EVENTS = """
@@ -78,9 +88,10 @@ INSERT INTO ledger_evidence (operation_id, reconciler, query, observed, verdict,
                              detail, created_at)
 SELECT o.id, 'bench.Reconciler', jsonb_build_object('idempotency_key', o.idempotency_key),
        CASE WHEN o.state = 'manual_review'
+                 AND o.conflict = 'ambiguous'
             THEN jsonb_build_object('matches', jsonb_build_array('a-1', 'a-2'))
             ELSE '{}'::jsonb END,
-       CASE WHEN o.state = 'manual_review' THEN 'ambiguous' ELSE 'not_yet' END,
+       CASE WHEN o.conflict = 'ambiguous' THEN 'ambiguous' ELSE 'not_yet' END,
        'fingerprint', 'seeded', o.state_changed_at
   FROM ledger_operation o
  WHERE o.operation_id BETWEEN %(lo)s AND %(hi)s
@@ -88,7 +99,8 @@ SELECT o.id, 'bench.Reconciler', jsonb_build_object('idempotency_key', o.idempot
 """
 
 
-def seed(tag: str, first: int, last: int) -> None:
+def seed(tag: str, first: int, last: int, unresolved: int, days_ago: int = 30) -> None:
+    """Bulk-load operations `first`..`last` (the first `unresolved` waiting on a person)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
@@ -98,7 +110,8 @@ def seed(tag: str, first: int, last: int) -> None:
                 stop = min(last, start + BATCH - 1)
                 lo, hi = f"p2-{tag}-{start:08d}", f"p2-{tag}-{stop:08d}"
                 started = time.perf_counter()
-                cursor.execute(_OPERATIONS, {"tag": tag, "first": start, "last": stop})
+                cursor.execute(_OPERATIONS, {"tag": tag, "first": start, "last": stop,
+                                             "unresolved": unresolved, "days_ago": days_ago})
                 cursor.execute(_EVENTS, {"lo": lo, "hi": hi})
                 cursor.execute(_EVIDENCE, {"lo": lo, "hi": hi})
                 print(f"  seeded operations {start:>9,}..{stop:>9,} with events and evidence "
@@ -169,7 +182,7 @@ def main() -> dict:
     results = {}
     for size, first, last in (("small", 1, small), ("large", small + 1, large)):
         print(f"seeding up to {last:,} operations", flush=True)
-        seed(tag, first, last)
+        seed(tag, first, last, unresolved=small)
         # the same kind of operation each time: the newest manual_review one
         op = Operation.objects.filter(state="manual_review").order_by("-id").first()
         urls = {
@@ -192,8 +205,8 @@ def main() -> dict:
         rows.append((name, f"{ms(a['median_ms'] / 1000)} at {small:,}, "
                            f"{ms(b['median_ms'] / 1000)} at {large:,}: {ratio:.2f}x; "
                            f"queries {a['queries']} / {b['queries']}"))
-    print_table(f"P2 desk pages, {small:,} vs {large:,} operations (1% unresolved), median "
-                f"of {rounds}", rows)
+    print_table(f"P2 desk pages, {small:,} vs {large:,} operations ({small:,} unresolved), "
+                f"median of {rounds}", rows)
     desk = [summary_pages[n]["ratio"] for n in ("queue", "queue, manual_review",
                                                 "operation detail")]
     summary = {

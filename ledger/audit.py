@@ -66,7 +66,7 @@ def _prep(meta, values: Mapping[str, Any]) -> tuple[list[str], list[Any]]:
 
 def _with_event(
     change_sql: str, change_params: Sequence[Any], operation_id: str, tenant: str,
-    event: Mapping[str, Any],
+    event: Mapping[str, Any], *, also: str = "",
 ):
     columns, params = _prep(_EVENT, event)
     payload = chain.operation_event_payload(
@@ -74,17 +74,19 @@ def _with_event(
     )
     link_sql, link_params = chain.link_cte(chain.OPERATION_EVENTS.name, "changed", payload)
     sql = (
-        f"WITH changed AS ({change_sql} RETURNING id, tenant), linked AS ({link_sql}) "
-        f"INSERT INTO {_EVENT.db_table} (operation_id, tenant, chain_seq, chain_hash, "
-        f"{', '.join(columns)}) "
+        "WITH changed AS "
+        f"({change_sql} RETURNING id, tenant, operation, intent_fingerprint, conflict), "
+        f"{also}linked AS ({link_sql}), "
+        f"event AS (INSERT INTO {_EVENT.db_table} (operation_id, tenant, chain_seq, "
+        f"chain_hash, {', '.join(columns)}) "
         "SELECT changed.id, changed.tenant, linked.seq, linked.hash, "
-        f"{', '.join(['%s'] * len(params))} FROM changed, linked "
-        "RETURNING operation_id"
+        f"{', '.join(['%s'] * len(params))} FROM changed, linked RETURNING operation_id) "
+        "SELECT changed.id, changed.conflict FROM changed JOIN event ON event.operation_id = "
+        "changed.id"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [*change_params, *link_params, *params])
-        row = cursor.fetchone()
-    return row[0] if row else None
+        return cursor.fetchone()
 
 
 def insert_operation_with_event(values: Mapping[str, Any], event: Mapping[str, Any]):
@@ -98,19 +100,57 @@ def insert_operation_with_event(values: Mapping[str, Any], event: Mapping[str, A
         f"VALUES ({', '.join(['%s'] * len(params))}) "
         "ON CONFLICT (tenant, operation, idempotency_key) WHERE idempotency_key > '' DO NOTHING"
     )
-    return _with_event(change, params, values["operation_id"], values["tenant"], event)
+    row = _with_event(change, params, values["operation_id"], values["tenant"], event)
+    return row[0] if row else None
+
+
+# Other succeeded operations of the same (tenant, operation, fingerprint) as `row`.
+_TWINS = (
+    "SELECT 1 FROM ledger_operation twin WHERE twin.tenant = {row}.tenant "
+    "AND twin.operation = {row}.operation AND twin.intent_fingerprint = {row}.intent_fingerprint "
+    "AND twin.state = 'succeeded' AND twin.id <> {row}.id"
+)
 
 
 def update_operation_with_event(
     op: Operation, *, state: str, version: int, changes: Mapping[str, Any],
-    event: Mapping[str, Any],
-) -> bool:
-    """Compare-and-set: apply `changes` only if the row is still at (state, version)."""
+    event: Mapping[str, Any], mark_duplicates: bool = False,
+) -> str | None:
+    """Compare-and-set: apply `changes` only if the row is still at (state, version).
+
+    Returns the row's `conflict` after the change, or None when no row matched (nothing
+    was written).
+
+    `mark_duplicates` (a move to succeeded): if another operation with the same tenant,
+    operation and fingerprint has succeeded too, both get `conflict = 'duplicate'`, in the
+    same statement.
+    """
+    changes = dict(changes)
+    conflict = changes.pop("conflict", None) if mark_duplicates else None
     columns, params = _prep(_OPERATION, changes)
+    sets = [f"{c} = %s" for c in columns]
+    also = ""
+    if mark_duplicates:
+        otherwise = "conflict" if conflict is None else "%s"
+        sets.append(
+            f"conflict = CASE WHEN EXISTS ({_TWINS.format(row=_OPERATION.db_table)}) "
+            f"THEN 'duplicate' ELSE {otherwise} END"
+        )
+        if conflict is not None:
+            params.append(conflict)
+        also = (
+            f"twins AS (UPDATE {_OPERATION.db_table} twin SET conflict = 'duplicate' "
+            "FROM changed WHERE twin.tenant = changed.tenant "
+            "AND twin.operation = changed.operation "
+            "AND twin.intent_fingerprint = changed.intent_fingerprint "
+            "AND twin.state = 'succeeded' AND twin.id <> changed.id "
+            "AND twin.conflict <> 'duplicate' RETURNING twin.id), "
+        )
     change = (
-        f"UPDATE {_OPERATION.db_table} SET {', '.join(f'{c} = %s' for c in columns)} "
+        f"UPDATE {_OPERATION.db_table} SET {', '.join(sets)} "
         "WHERE id = %s AND state = %s AND version = %s"
     )
-    return _with_event(
-        change, [*params, op.pk, state, version], op.operation_id, op.tenant, event
-    ) is not None
+    row = _with_event(
+        change, [*params, op.pk, state, version], op.operation_id, op.tenant, event, also=also
+    )
+    return row[1] if row else None

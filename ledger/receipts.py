@@ -27,6 +27,7 @@ from ledger.errors import (
     StaleVersion,
 )
 from ledger.models import Operation, OperationEvent, Run, Step
+from ledger.models.operations import Conflict
 from ledger.states import ActorKind, RetryPolicy, State
 
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
@@ -287,10 +288,13 @@ def apply_transition(
         from_state=from_state, to_state=to_state, version=version + 1, actor_kind=actor_kind,
         actor_id=actor_id, reason=reason, evidence=evidence, fencing_token=fencing_token, now=now,
     )
-    if not audit.update_operation_with_event(
-        op, state=from_state, version=version, changes=fields, event=event
-    ):
+    conflict = audit.update_operation_with_event(
+        op, state=from_state, version=version, changes=fields, event=event,
+        mark_duplicates=to_state == State.SUCCEEDED,
+    )
+    if conflict is None:
         raise _stale(op, from_state, version)
+    fields["conflict"] = conflict
     for name, value in fields.items():
         setattr(op, name, value)
     return op
@@ -484,6 +488,8 @@ def resolve(
     if external_id:
         _check_text(external_id, "external_id", max_length=500)
         changes["external_id"] = external_id
+    if op.conflict == Conflict.AMBIGUOUS:
+        changes["conflict"] = ""  # a person has decided between the matches
     with transaction.atomic(durable=True):
         return apply_transition(
             op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),

@@ -42,6 +42,7 @@ from ledger import leases
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
 from ledger.models import Evidence, Lease, Operation
+from ledger.models.operations import Conflict
 from ledger.receipts import apply_transition
 from ledger.states import ActorKind, RetryPolicy, State
 
@@ -418,6 +419,9 @@ def _decide(
 ) -> tuple[str, str, dict[str, Any]]:
     attempts = op.reconcile_attempts + 1
     changes: dict[str, Any] = {"reconcile_attempts": attempts, "next_attempt_at": None}
+    conflict = conflict_for(outcome.verdict, outcome.observed)
+    if conflict or op.conflict == Conflict.AMBIGUOUS:
+        changes["conflict"] = conflict  # a later, clearer verdict ends the ambiguity
     verdict = outcome.verdict
     if verdict == FOUND:
         changes.update(external_id=outcome.external_id, reconcile_failures=0)
@@ -452,6 +456,14 @@ def _decide(
     changes["next_attempt_at"] = now + _backoff(cls, attempts)
     return (State.OUTCOME_UNKNOWN,
             f"reconciler failed ({failures} of {limit}): {outcome.detail}"[:2000], changes)
+
+
+def conflict_for(verdict: str, observed: Any) -> str:
+    """The `Operation.conflict` a verdict leaves: ambiguous with several matches, or ""."""
+    matches = observed.get("matches") if isinstance(observed, dict) else None
+    if verdict == AMBIGUOUS and isinstance(matches, list) and len(matches) > 1:
+        return Conflict.AMBIGUOUS
+    return ""
 
 
 def _backoff(cls: type[Reconciler], attempts: int) -> timedelta:

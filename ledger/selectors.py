@@ -13,11 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import (
-    BooleanField,
     Count,
-    Exists,
-    F,
-    Func,
     OuterRef,
     Q,
     QuerySet,
@@ -28,22 +24,14 @@ from django.utils import timezone
 from ledger import access, states
 from ledger.errors import InvalidInput
 from ledger.models import Evidence, Operation, OperationEvent
-from ledger.states import ActorKind, RetryPolicy, State
+from ledger.models.operations import Conflict
+from ledger.states import RetryPolicy, State
 
-# The verdict strings the reconciler writes to Evidence.verdict.
-AMBIGUOUS = "ambiguous"
 # The pseudo-state the queue uses for conflicting operations.
 CONFLICTING = "conflicting"
 # Conflicting operations are counted up to this many (then shown as "100+").
 CONFLICT_COUNT_CAP = 100
 MAX_PAGE_SIZE = 200
-
-
-class _HasSeveralMatches(Func):
-    """`observed["matches"]` is a list of two or more (lax jsonpath: a non-list is one)."""
-
-    template = "jsonb_path_exists(%(expressions)s, '$.matches[1]')"
-    output_field = BooleanField()
 
 
 def visible_operations(user) -> QuerySet[Operation]:
@@ -55,42 +43,16 @@ def _latest_evidence():
     return Evidence.objects.filter(operation=OuterRef("pk")).order_by("-created_at", "-id")
 
 
-def _ambiguous_unsettled() -> Exists:
-    """The latest evidence is ambiguous with several matches and no person decided since."""
-    later = Evidence.objects.filter(operation=OuterRef("operation")).filter(
-        Q(created_at__gt=OuterRef("created_at"))
-        | Q(created_at=OuterRef("created_at"), id__gt=OuterRef("id"))
-    )
-    decided_since = OperationEvent.objects.filter(
-        operation=OuterRef("operation"),
-        actor_kind=ActorKind.HUMAN,
-        created_at__gte=OuterRef("created_at"),
-    )
-    return Exists(
-        Evidence.objects.filter(operation=OuterRef("pk"), verdict=AMBIGUOUS)
-        .annotate(several=_HasSeveralMatches(F("observed")))
-        .filter(several=True)
-        .filter(~Exists(later), ~Exists(decided_since))
-    )
-
-
-def _succeeded_twice() -> Exists:
-    """Another operation with the same (tenant, operation, fingerprint) also succeeded."""
-    return Exists(
-        Operation.objects.filter(
-            tenant=OuterRef("tenant"),
-            operation=OuterRef("operation"),
-            intent_fingerprint=OuterRef("intent_fingerprint"),
-            state=State.SUCCEEDED,
-        ).exclude(pk=OuterRef("pk"))
-    )
-
-
 def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
-    """Annotate `is_ambiguous`, `is_duplicate` and `latest_verdict` (all in the one query)."""
+    """Annotate `is_ambiguous`, `is_duplicate` and `latest_verdict` (all in the one query).
+
+    The two flags read `Operation.conflict`, which the reconciler (several matching
+    effects, until a person decides) and every move to succeeded (another operation with
+    the same fingerprint succeeded too) keep up to date: nothing here scans history.
+    """
     return qs.annotate(
-        is_ambiguous=_ambiguous_unsettled(),
-        is_duplicate=Q(state=State.SUCCEEDED) & _succeeded_twice(),
+        is_ambiguous=Q(conflict=Conflict.AMBIGUOUS),
+        is_duplicate=Q(conflict=Conflict.DUPLICATE),
         latest_verdict=Subquery(_latest_evidence().values("verdict")[:1]),
     )
 
@@ -142,7 +104,7 @@ def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operati
 
 
 def _conflicting() -> Q:
-    return Q(is_ambiguous=True) | Q(is_duplicate=True)
+    return Q(conflict__gt="")
 
 
 def _in_queue(qs: QuerySet[Operation], state: str, *, searching: bool) -> QuerySet[Operation]:

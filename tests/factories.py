@@ -115,13 +115,16 @@ def add_evidence(
     from django.utils import timezone
 
     from ledger.models import Evidence
+    from ledger.reconcile import conflict_for
 
     observed = {} if observed is None else observed
     with transaction.atomic():
         if to_state is not None:
+            conflict = conflict_for(verdict, observed)
             receipts.apply_transition(
                 op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
                 reason=f"verdict {verdict}", evidence={"verdict": verdict},
+                changes={"conflict": conflict} if conflict else None,
             )
         return Evidence.objects.create(
             operation=op, reconciler=reconciler, query=query or {"idempotency_key":

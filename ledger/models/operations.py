@@ -31,6 +31,11 @@ _DELETE_TERMINAL_ONLY = f"""
 """
 
 
+class Conflict(models.TextChoices):
+    AMBIGUOUS = "ambiguous", "Several matching effects"
+    DUPLICATE = "duplicate", "Another operation with the same fingerprint also succeeded"
+
+
 class OperationQuerySet(models.QuerySet):
     def needing_review(self):
         from ledger.states import NEEDS_REVIEW
@@ -81,6 +86,10 @@ class Operation(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     reconcile_attempts = models.PositiveIntegerField(default=0)
     reconcile_failures = models.PositiveIntegerField(default=0)
+    # Why the desk shows this operation although its state alone would not: the reconciler
+    # found several matching effects, or another operation with the same fingerprint also
+    # succeeded. Kept on the row (and indexed) so the queue never scans history for it.
+    conflict = models.CharField(max_length=20, choices=Conflict.choices, blank=True)
     # Set when retention replaced the intent (ledger.retention); fingerprint and ids remain.
     redacted_at = models.DateTimeField(null=True, blank=True)
 
@@ -114,6 +123,8 @@ class Operation(models.Model):
             ),
             models.Index(fields=["external_id"], name="operation_external_id_idx"),
             models.Index(fields=["completed_at"], name="operation_completed_idx"),
+            models.Index(fields=["state_changed_at", "id"], name="operation_conflict_idx",
+                         condition=models.Q(conflict__gt="")),
         ]
         permissions = [
             ("resolve_operation", "Can resolve operations the ledger cannot prove"),

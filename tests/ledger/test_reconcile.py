@@ -483,3 +483,30 @@ def test_the_reconciler_example_in_the_readme_runs():
     out, err = child.communicate(timeout=120)
     assert child.returncode == 0, err
     assert "succeeded msg-1@ada@example.com found" in out
+
+
+@pytest.mark.django_db
+def test_several_matching_effects_flag_the_operation_until_a_person_decides(reviewer):
+    from ledger.models.operations import Conflict
+    from ledger.receipts import resolve
+
+    op = unknown("none", "ambiguous")
+    reconcile_one(op)
+    assert (op.state, op.conflict) == (State.MANUAL_REVIEW, Conflict.AMBIGUOUS)
+    resolve(op, State.SUCCEEDED, user=reviewer, reason="a-2 is ours", external_id="a-2")
+    op.refresh_from_db()
+    assert op.conflict == ""
+
+
+@pytest.mark.django_db
+def test_two_operations_with_one_fingerprint_that_both_succeed_are_both_flagged_duplicate():
+    from ledger.models.operations import Conflict
+
+    intent = {"title": "Same article"}
+    first = OperationFactory(state=State.SUCCEEDED, intent=intent, idempotency_key="twin-1")
+    assert first.conflict == ""
+    second = OperationFactory(state=State.SUCCEEDED, intent=intent, idempotency_key="twin-2")
+    first.refresh_from_db()
+    assert (first.conflict, second.conflict) == (Conflict.DUPLICATE, Conflict.DUPLICATE)
+    other = OperationFactory(state=State.SUCCEEDED, intent={"title": "Another"})
+    assert other.conflict == ""

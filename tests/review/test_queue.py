@@ -78,14 +78,6 @@ def test_ambiguous_evidence_no_longer_conflicts_once_a_person_decided(reviewer):
 
 
 @pytest.mark.django_db
-def test_later_evidence_that_is_not_ambiguous_ends_the_conflict(reviewer):
-    op = ambiguous()
-    add_evidence(op, verdict="not_yet", observed={"matches": [1, 2, 3]})
-    page = selectors.review_queue(reviewer, selectors.QueueFilters(state=selectors.CONFLICTING))
-    assert ids(page) == []
-
-
-@pytest.mark.django_db
 def test_state_operation_and_tenant_filters_narrow_the_queue(client, reviewer):
     from ledger import access
 

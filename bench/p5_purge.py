@@ -1,0 +1,120 @@
+"""P5: purging resolved history while agents keep writing.
+
+Bulk-loads resolved operations completed 400 days ago (past the default policy's 365),
+three events each, then measures `record_intent` latency from an agent thread alone (the
+baseline), then the same agent thread while `manage.py purge`'s code removes all of them in
+batches. Reports batches/s, the longest batch, and the agent's p50/p99 during the purge
+against the baseline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+if __package__ in (None, ""):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Stopwatch, ms, parse_args, print_table, record, setup_django
+from bench.p2_queue import reset, seed
+
+SCALES = {"quick": 100_000, "full": 1_000_000}
+BATCH = 500
+
+
+def main() -> dict:
+    args = parse_args(__doc__.splitlines()[0])
+    setup_django()
+    from django.db import connections
+
+    from ledger import receipts, retention
+    from ledger.models import Operation
+
+    n = SCALES[args.scale]
+    tag = uuid.uuid4().hex[:6]
+    reset()
+    print(f"seeding {n:,} resolved operations", flush=True)
+    seed(tag, 1, n, unresolved=0, days_ago=400)
+
+    intent = {"to": "customer@example.com", "subject": "Receipt", "body": "x" * 300}
+    counter = iter(range(10**9))
+
+    def agent(watch: Stopwatch, keep_going) -> None:
+        try:
+            while keep_going():
+                watch.time(lambda: receipts.record_intent(
+                    "email.send", "smtp://mail.example", intent,
+                    idempotency_key=f"p5-{tag}-{next(counter)}"))
+        finally:
+            connections.close_all()
+
+    # Baseline: the agent alone, for as many calls as it makes during the purge below.
+    baseline = Stopwatch("alone")
+    warm = Stopwatch("warm-up")
+    agent(warm, lambda: len(warm.samples) < 50)
+
+    batch_times: list[float] = []
+    purge_done = threading.Event()
+    last = [0.0]
+
+    def on_progress(message: str) -> None:
+        now = time.perf_counter()
+        if "purged" in message and "so far" in message:
+            batch_times.append(now - last[0])
+        last[0] = now
+
+    def purge() -> None:
+        try:
+            last[0] = time.perf_counter()
+            retention.purge(actor="bench-p5", batch=BATCH, progress=on_progress)
+        finally:
+            purge_done.set()
+            connections.close_all()
+
+    during = Stopwatch("during purge")
+    started = time.perf_counter()
+    purger = threading.Thread(target=purge)
+    writer = threading.Thread(target=agent, args=(during, lambda: not purge_done.is_set()))
+    purger.start()
+    writer.start()
+    purger.join()
+    writer.join()
+    purge_seconds = time.perf_counter() - started
+    left = Operation.objects.filter(operation_id__startswith=f"p2-{tag}-").count()
+    if left:
+        raise SystemExit(f"expected every seeded operation purged, found {left} left")
+
+    calls = max(len(during.samples), 200)
+    agent(baseline, lambda: len(baseline.samples) < calls)
+
+    p99_ratio = during.percentile(0.99) / baseline.percentile(0.99)
+    print_table(f"P5 purge of {n:,} resolved operations (batches of {BATCH})", [
+        ("purge", f"{len(batch_times)} batches in {purge_seconds:.1f} s: "
+                  f"{len(batch_times) / purge_seconds:.1f} batches/s"),
+        ("longest batch", ms(max(batch_times))),
+        ("median batch", ms(sorted(batch_times)[len(batch_times) // 2])),
+        ("record_intent alone", f"p50 {ms(baseline.median)}, p99 "
+                                f"{ms(baseline.percentile(0.99))} ({len(baseline.samples)} calls)"),
+        ("record_intent during purge", f"p50 {ms(during.median)}, p99 "
+                                       f"{ms(during.percentile(0.99))} "
+                                       f"({len(during.samples)} calls)"),
+        ("ratio p99 during / alone", f"{p99_ratio:.2f}x"),
+    ])
+    summary = {
+        "scale": args.scale, "operations": n, "batch": BATCH, "ratio": p99_ratio,
+        "batches_per_s": len(batch_times) / purge_seconds,
+        "longest_batch_ms": max(batch_times) * 1000,
+        "p50_ratio": during.median / baseline.median,
+        "baseline_p99_ms": baseline.percentile(0.99) * 1000,
+        "during_p99_ms": during.percentile(0.99) * 1000,
+    }
+    record("P5", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
