@@ -5,3 +5,12 @@ class LedgerConfig(AppConfig):
     name = "ledger"
     verbose_name = "Agent Ledger"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from django.db.models.signals import post_migrate
+
+        from ledger.roles import restore_after_flush
+
+        # Bootstrap data only (groups, the default policy), as Django does for permissions.
+        post_migrate.connect(restore_after_flush, sender=self,
+                             dispatch_uid="ledger.roles.restore_after_flush")

@@ -135,23 +135,9 @@ def add_evidence(
 
 
 def ensure_roles() -> None:
-    """Recreate the role groups of migration 0002_roles if a flush removed them.
+    """The role groups and their permissions (a flush after a transactional test empties
+    them; the ledger's post_migrate receiver restores them, this is for tests that flush
+    by other means)."""
+    from ledger.roles import ensure_roles as restore
 
-    Transactional tests (`transaction=True`) end with a flush that empties every table,
-    including the groups a data migration created; tests that run after one and need the
-    roles call this first.
-    """
-    import importlib
-
-    from django.apps import apps
-    from django.contrib.auth.management import create_permissions
-    from django.contrib.auth.models import Permission
-
-    for app_config in apps.get_app_configs():
-        create_permissions(app_config, verbosity=0)
-    roles = importlib.import_module("ledger.migrations.0002_roles").ROLES
-    for name, codenames in roles.items():
-        group, _ = Group.objects.get_or_create(name=name)
-        group.permissions.set(
-            Permission.objects.filter(content_type__app_label="ledger", codename__in=codenames)
-        )
+    restore()

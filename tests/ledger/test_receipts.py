@@ -468,3 +468,28 @@ def test_the_roles_come_from_a_migration():
     assert "resolve_operation" in perms["reviewer"]
     assert "override_retry_policy" not in perms["reviewer"]
     assert {"resolve_operation", "override_retry_policy"} <= perms["admin"]
+
+
+@pytest.mark.django_db
+def test_the_migrated_roles_are_exactly_the_declared_ones():
+    from django.contrib.auth.models import Group
+
+    from ledger.roles import ROLE_PERMISSIONS
+
+    for name, codenames in ROLE_PERMISSIONS.items():
+        granted = set(Group.objects.get(name=name).permissions.values_list("codename", flat=True))
+        assert granted == set(codenames), name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_roles_and_the_default_policy_survive_the_flush_of_a_transactional_test():
+    from django.contrib.auth.models import Group
+    from django.core.management import call_command
+
+    from ledger.models import RetentionPolicy
+
+    call_command("flush", interactive=False, verbosity=0)
+    assert set(Group.objects.values_list("name", flat=True)) >= {"viewer", "reviewer", "admin"}
+    assert Group.objects.get(name="reviewer").permissions.filter(
+        codename="resolve_operation").exists()
+    assert RetentionPolicy.objects.filter(pattern="*", tenant="").exists()
