@@ -132,7 +132,8 @@ def add_evidence(
 
 
 def ensure_roles() -> None:
-    """Recreate the role groups of migration 0002_roles if a flush removed them.
+    """Recreate the role groups of migrations 0002_roles and 0004_retention if a flush
+    removed them.
 
     Transactional tests (`transaction=True`) end with a flush that empties every table,
     including the groups a data migration created; tests that run after one and need the
@@ -147,7 +148,10 @@ def ensure_roles() -> None:
     for app_config in apps.get_app_configs():
         create_permissions(app_config, verbosity=0)
     roles = importlib.import_module("ledger.migrations.0002_roles").ROLES
+    retention_perms = importlib.import_module("ledger.migrations.0004_retention")
     for name, codenames in roles.items():
+        codenames = [*codenames, *retention_perms.EVERY_ROLE_PERMS,
+                     *(retention_perms.ADMIN_PERMS if name == "admin" else [])]
         group, _ = Group.objects.get_or_create(name=name)
         group.permissions.set(
             Permission.objects.filter(content_type__app_label="ledger", codename__in=codenames)
