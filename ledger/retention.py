@@ -299,55 +299,84 @@ LEDGER_TABLES = (
 
 
 def preview(*, now: datetime | None = None) -> list[PolicyPreview]:
-    """Per policy (most specific first): what the next purge would delete and redact now."""
+    """Per policy (most specific first): what the next purge would delete and redact now.
+
+    One statement whatever the number of policies.
+    """
     now = now or timezone.now()
     ordered = policies_by_specificity()
-    return [_preview_one(policy, ordered, now) for policy in ordered]
+    return _previews(ordered, ordered, now)
 
 
 def _preview_one(policy, ordered, now) -> PolicyPreview:
-    result = PolicyPreview(policy=policy)
-    where, params = _purgeable_sql(policy, ordered, now)
+    return _previews([policy], ordered, now)[0]
+
+
+def _previews(policies, ordered, now) -> list[PolicyPreview]:
+    if not policies:
+        return []
+    parts, params = [], []
+    for index, policy in enumerate(policies):
+        sql, part_params = _preview_sql(index, policy, ordered, now)
+        parts.append(sql)
+        params += part_params
+    results = [PolicyPreview(policy=policy) for policy in policies]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH doomed AS (SELECT o.id, o.operation_id FROM ledger_operation o WHERE {where})
-            SELECT (SELECT count(*) FROM doomed),
-                   (SELECT count(*) FROM ledger_operationevent e
-                     WHERE e.operation_id IN (SELECT id FROM doomed)),
-                   (SELECT count(*) FROM ledger_evidence ev
-                     WHERE ev.operation_id IN (SELECT id FROM doomed)),
-                   (SELECT coalesce(min(operation_id), '') FROM doomed),
-                   (SELECT coalesce(max(operation_id), '') FROM doomed)
-            """,
-            params,
-        )
-        (result.operations, result.events, result.evidence, result.first_operation_id,
-         result.last_operation_id) = cursor.fetchone()
-        redactable = _redactable_sql(policy, ordered, now)
-        if redactable:
-            # What the purge leaves behind; it deletes before it redacts.
-            cursor.execute(
-                f"SELECT count(*) FROM ledger_operation o WHERE ({redactable[0]}) "
-                f"AND NOT ({where})", redactable[1] + params,
-            )
-            result.redactions = cursor.fetchone()[0]
-    return result
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for index, *counts in cursor.fetchall():
+            result = results[index]
+            (result.operations, result.events, result.evidence, result.redactions,
+             result.first_operation_id, result.last_operation_id) = counts
+    return results
+
+
+def _preview_sql(index: int, policy, ordered, now) -> tuple[str, list]:
+    """One row for `policy`: its index, then what it would purge and, after that, redact."""
+    where, params = _purgeable_sql(policy, ordered, now)
+    redactable = _redactable_sql(policy, ordered, now)
+    if redactable:
+        # What the purge leaves behind; it deletes before it redacts.
+        redactions = (f"(SELECT count(*) FROM ledger_operation o WHERE ({redactable[0]}) "
+                      f"AND NOT ({where}))")
+        redaction_params = redactable[1] + params
+    else:
+        redactions, redaction_params = "0::bigint", []
+    sql = f"""
+        (WITH doomed AS (SELECT o.id, o.operation_id FROM ledger_operation o WHERE {where})
+        SELECT %s,
+               (SELECT count(*) FROM doomed),
+               (SELECT count(*) FROM ledger_operationevent e
+                 WHERE e.operation_id IN (SELECT id FROM doomed)),
+               (SELECT count(*) FROM ledger_evidence ev
+                 WHERE ev.operation_id IN (SELECT id FROM doomed)),
+               {redactions},
+               (SELECT coalesce(min(operation_id), '') FROM doomed),
+               (SELECT coalesce(max(operation_id), '') FROM doomed))
+        """
+    return sql, [*params, index, *redaction_params]
 
 
 def table_sizes() -> list[TableSize]:
-    """Rows (exact) and on-disk size with indexes and TOAST of the ledger's big tables."""
-    sizes = []
+    """Rows (exact) and on-disk size with indexes and TOAST of the ledger's big tables.
+
+    One statement.
+    """
+    sql = " UNION ALL ".join(
+        f"SELECT '{table}', count(*), pg_total_relation_size('{table}') FROM {table}"
+        for table in LEDGER_TABLES
+    )
     with connection.cursor() as cursor:
-        for table in LEDGER_TABLES:
-            cursor.execute(f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}")
-            rows, total = cursor.fetchone()
-            sizes.append(TableSize(table=table, rows=rows, total_bytes=total))
-    return sizes
+        cursor.execute(sql)
+        rows = sorted(cursor.fetchall(), key=lambda row: LEDGER_TABLES.index(row[0]))
+    return [TableSize(table=table, rows=count, total_bytes=total) for table, count, total in rows]
 
 
-def retention_overview(*, now: datetime | None = None) -> dict[str, Any]:
-    """What the desk's retention page shows: per-policy preview and the ledger's size."""
+def retention_overview(user, *, now: datetime | None = None) -> dict[str, Any]:
+    """What the desk's retention page shows: per-policy preview, the ledger's size, the
+    recent purge runs and policy changes. A fixed number of queries whatever the number of
+    policies. Needs `ledger.view_retentionpolicy` (PermissionDenied otherwise).
+    """
+    access.require_perm(user, "ledger.view_retentionpolicy", doing="see retention")
     return {
         "previews": preview(now=now),
         "tables": table_sizes(),

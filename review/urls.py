@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import views
+from review import views, views_retention
 
 app_name = "review"
 
@@ -10,4 +10,13 @@ urlpatterns = [
     path("operations/<str:operation_id>/resolve/", views.resolve, name="resolve"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit_csv"),
+]
+
+# Retention (admins): review/views_retention.py
+urlpatterns += [
+    path("retention/", views_retention.retention_page, name="retention"),
+    path("retention/policies/", views_retention.add_policy, name="retention_add"),
+    path("retention/policies/<int:pk>/", views_retention.edit_policy, name="retention_edit"),
+    path("retention/policies/<int:pk>/delete/", views_retention.delete_policy,
+         name="retention_delete"),
 ]

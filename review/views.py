@@ -16,7 +16,7 @@ from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from ledger import errors, receipts, selectors
+from ledger import chain, errors, receipts, selectors
 from ledger.models import Operation
 from ledger.states import State
 from review.forms import ACTION_LABELS, AuditFilterForm, QueueFilterForm, ResolveForm
@@ -120,6 +120,8 @@ def audit(request):
     form = AuditFilterForm(request.GET)
     page = selectors.audit_page(request.user, form.filters(), **form.page_args())
     context = {"form": form, "page": page}
+    # Chain heads and last verification of the user's tenants (two queries).
+    context["chain_status"] = chain.audit_status_for(request.user)
     return _render(request, "review/audit.html", "results", context)
 
 

@@ -193,13 +193,13 @@ def test_preview_counts_per_policy_match_what_the_purge_then_does(admin_user):
 
 
 @pytest.mark.django_db
-def test_table_sizes_report_rows_and_bytes_of_the_ledger_tables():
+def test_table_sizes_report_rows_and_bytes_of_the_ledger_tables(admin_user):
     OperationFactory(state=State.SUCCEEDED)
     sizes = {t.table: t for t in retention.table_sizes()}
     assert sizes["ledger_operation"].rows == 1
     assert sizes["ledger_operationevent"].rows == 3
     assert all(t.total_bytes > 0 for t in sizes.values())
-    overview = retention.retention_overview()
+    overview = retention.retention_overview(admin_user)
     assert [p.policy.pattern for p in overview["previews"]] == ["*"]
 
 

@@ -4,11 +4,13 @@ import csv
 import io
 from datetime import timedelta
 
+import pgtrigger
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger import receipts, selectors
+from ledger import chain, receipts, selectors
+from ledger.models import OperationEvent
 from ledger.states import State
 from review.views import csv_safe
 from tests.factories import OperationFactory
@@ -84,8 +86,10 @@ def test_audit_page_runs_a_fixed_number_of_queries(client, reviewer, per_page,
     for _ in range(20):
         OperationFactory(state=State.OUTCOME_UNKNOWN)
     client.force_login(reviewer)
-    # session, user, user perms, group perms, tenant grants, the page (events + operations)
-    with django_assert_num_queries(6):
+    chain.verify(actor="nightly")
+    # session, user, user perms, group perms, tenant grants, the page (events + operations),
+    # chain heads, last verification (these two added with the chain status: 6 -> 8)
+    with django_assert_num_queries(8):
         response = client.get(AUDIT, {"per_page": per_page})
     assert len(response.context["page"].items) == per_page
 
@@ -120,3 +124,61 @@ def test_htmx_request_gets_only_the_audit_results_fragment(client, reviewer):
     client.force_login(reviewer)
     body = client.get(AUDIT, headers={"HX-Request": "true"}).content.decode()
     assert body.lstrip().startswith('<section id="results"') and "<html" not in body
+
+
+# --- the hash chain's status ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_audit_page_shows_the_chain_heads_of_visible_tenants_and_the_last_verification(
+        client, reviewer):
+    OperationFactory(state=State.SUCCEEDED)
+    OperationFactory(state=State.SUCCEEDED, tenant="acme")
+    chain.verify(actor="nightly-verify")
+    OperationFactory(state=State.SUBMITTED)  # two links newer than the verification
+    client.force_login(reviewer)
+    response = client.get(AUDIT)
+    status = response.context["chain_status"]
+    [head] = status.heads
+    assert (head.chain, head.tenant, head.seq, head.verified_seq) == (
+        "operation_events", "default", 5, 3)
+    assert (status.is_intact, status.links_checked) == (True, 3)
+    body = response.content.decode()
+    assert f"{head.hash[:12]}…" in body and "nightly-verify" in body and "intact" in body
+    assert "2 newer links" in body
+    acme_head = chain.audit_status()["heads"]
+    assert any(h["tenant"] == "acme" for h in acme_head)
+    assert all(h["hash"][:12] not in body for h in acme_head if h["tenant"] == "acme")
+
+
+@pytest.mark.django_db
+def test_audit_page_says_when_the_chain_was_never_verified(client, reviewer):
+    OperationFactory(state=State.SUBMITTED)
+    client.force_login(reviewer)
+    body = client.get(AUDIT).content.decode()
+    assert "Never verified" in body and "not verified yet" in body
+
+
+def tamper_with(event):
+    with pgtrigger.ignore("ledger.OperationEvent:event_append_only"):
+        OperationEvent.objects.filter(pk=event.pk).update(reason="nothing happened")
+
+
+@pytest.mark.django_db
+def test_audit_page_names_the_first_broken_link_only_to_who_may_see_its_tenant(
+        client, reviewer, other_tenant_reviewer):
+    OperationFactory(state=State.SUCCEEDED, tenant="acme")
+    victim = OperationFactory(state=State.SUCCEEDED)
+    tamper_with(OperationEvent.objects.filter(operation=victim).order_by("version")[1])
+    assert not chain.verify(actor="nightly").is_intact
+
+    client.force_login(reviewer)
+    body = client.get(AUDIT).content.decode()
+    assert "broken" in body and "First broken link" in body
+    assert "operation_events/default</span> at seq 2" in body and victim.operation_id in body
+
+    client.force_login(other_tenant_reviewer)
+    response = client.get(AUDIT)
+    body = response.content.decode()
+    assert response.context["chain_status"].is_intact is True
+    assert "First broken link" not in body and victim.operation_id not in body

@@ -1,0 +1,127 @@
+"""The retention page (admins): policies with what the next purge would do, their audited
+changes, the recent purge runs and how much the ledger holds.
+
+Thin like the rest of the desk: every write is one `ledger.retention` call, which checks the
+permission again, validates, and audits; its `InvalidInput` is shown as it is and nothing is
+written.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import redirect
+from django.views.decorators.http import require_GET, require_POST
+
+from ledger import errors, retention
+from ledger.models import RetentionPolicy
+from review.forms_retention import NewPolicyForm, PolicyDaysForm
+from review.templatetags.desk_retention import policy_days
+from review.views import _render
+
+# What migration 0004_retention grants the admin group (and no other role).
+view_required = permission_required("ledger.view_retentionpolicy", raise_exception=True)
+change_required = permission_required("ledger.change_retentionpolicy", raise_exception=True)
+delete_required = permission_required("ledger.delete_retentionpolicy", raise_exception=True)
+
+
+@require_GET
+@view_required
+def retention_page(request):
+    return _page(request)
+
+
+def _page(request, *, new_form: NewPolicyForm | None = None,
+          edit_form: PolicyDaysForm | None = None, edit_pk: int | None = None,
+          status: int = 200):
+    """The page (or its fragment) from fresh database state; a bound form that failed is
+    shown again with what the admin typed."""
+    try:
+        overview = retention.retention_overview(request.user)
+    except errors.PermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+    rows = [
+        (preview, edit_form if preview.policy.pk == edit_pk and edit_form is not None
+         else PolicyDaysForm.for_policy(preview.policy))
+        for preview in overview["previews"]
+    ]
+    context = {
+        **overview,
+        "rows": rows,
+        "new_form": new_form or NewPolicyForm(),
+        "total_rows": sum(t.rows for t in overview["tables"]),
+        "total_bytes": sum(t.total_bytes for t in overview["tables"]),
+    }
+    return _render(request, "review/retention.html", "retention", context, status=status)
+
+
+@require_POST
+@change_required
+def add_policy(request):
+    form = NewPolicyForm(request.POST)
+    return _set(request, form, pattern=None, tenant=None, edit_pk=None)
+
+
+@require_POST
+@change_required
+def edit_policy(request, pk: int):
+    policy = RetentionPolicy.objects.filter(pk=pk).first()
+    if policy is None:
+        return _gone(request, pk)
+    form = PolicyDaysForm.for_policy(policy, request.POST)
+    return _set(request, form, pattern=policy.pattern, tenant=policy.tenant, edit_pk=pk)
+
+
+def _set(request, form, *, pattern: str | None, tenant: str | None, edit_pk: int | None):
+    """Call `retention.set_policy` with the form's values; show the form again on error."""
+    failed = {"new_form": form} if edit_pk is None else {"edit_form": form, "edit_pk": edit_pk}
+    if not form.is_valid():
+        messages.error(request, "Nothing written: " + " ".join(
+            error for errors_ in form.errors.values() for error in errors_))
+        return _page(request, status=422, **failed)
+    values = form.policy_values()
+    if pattern is not None:
+        values.update(pattern=pattern, tenant=tenant)
+    try:
+        policy = retention.set_policy(values.pop("pattern"), tenant=values.pop("tenant"),
+                                      user=request.user, **values)
+    except errors.PermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except errors.InvalidInput as exc:
+        messages.error(request, f"Nothing written: {exc}")
+        return _page(request, status=422, **failed)
+    messages.success(request, f"Policy {policy}: {policy_days(policy.as_audit_dict())}.")
+    return _done(request)
+
+
+@require_POST
+@delete_required
+def delete_policy(request, pk: int):
+    policy = RetentionPolicy.objects.filter(pk=pk).first()
+    if policy is None:
+        return _gone(request, pk)
+    try:
+        retention.delete_policy(policy, user=request.user)
+    except errors.PermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except errors.InvalidInput as exc:
+        messages.error(request, f"Nothing deleted: {exc}")
+        return _page(request, status=422) if request.htmx else redirect("review:retention")
+    messages.success(request, f"Deleted policy {policy}.")
+    return _done(request)
+
+
+def _gone(request, pk: int):
+    messages.error(request, f"Nothing written: expected retention policy #{pk}, found none "
+                            "(someone may have deleted it); the page now shows the current "
+                            "policies.")
+    return _page(request, status=422) if request.htmx else redirect("review:retention")
+
+
+def _done(request):
+    """POST/redirect/GET, or the fresh fragment for htmx."""
+    if request.htmx:
+        return _page(request)
+    return redirect("review:retention")
+
