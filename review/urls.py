@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import views
+from review import views, views_execution
 
 app_name = "review"
 
@@ -10,4 +10,14 @@ urlpatterns = [
     path("operations/<str:operation_id>/resolve/", views.resolve, name="resolve"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit_csv"),
+]
+
+# Execution state: fact conflicts, overdue obligations, runs (review/views_execution.py).
+urlpatterns += [
+    path("conflicts/", views_execution.conflicts, name="conflicts"),
+    path("conflicts/<int:conflict_id>/", views_execution.conflict_detail, name="conflict"),
+    path("conflicts/<int:conflict_id>/resolve/", views_execution.resolve_conflict,
+         name="resolve_conflict"),
+    path("obligations/overdue/", views_execution.overdue, name="overdue"),
+    path("runs/<path:run_id>/", views_execution.run_detail, name="run"),
 ]

@@ -146,9 +146,21 @@ def ensure_roles() -> None:
 
     for app_config in apps.get_app_configs():
         create_permissions(app_config, verbosity=0)
-    roles = importlib.import_module("ledger.migrations.0002_roles").ROLES
-    for name, codenames in roles.items():
+    for name, codenames in _role_codenames(importlib).items():
         group, _ = Group.objects.get_or_create(name=name)
         group.permissions.set(
             Permission.objects.filter(content_type__app_label="ledger", codename__in=codenames)
         )
+
+
+def _role_codenames(importlib) -> dict[str, set[str]]:
+    """Each role's permissions as the migrations grant them: 0002_roles, 0003_execution
+    (facts, obligations, episodes; deciding fact conflicts) and 0004_retention."""
+    base = importlib.import_module("ledger.migrations.0002_roles").ROLES
+    execution = importlib.import_module("ledger.migrations.0003_execution").ROLES
+    retention = importlib.import_module("ledger.migrations.0004_retention")
+    return {
+        name: set(codenames) | set(execution.get(name, ())) | set(retention.EVERY_ROLE_PERMS)
+        | (set(retention.ADMIN_PERMS) if name == "admin" else set())
+        for name, codenames in base.items()
+    }
