@@ -307,11 +307,11 @@ def _winner(conflict: FactConflict, winner: Fact | str) -> Fact:
 
 def _lock_open(conflict: FactConflict) -> None:
     """Lock the conflict row; StaleVersion if someone decided it first."""
-    locked = FactConflict.objects.select_for_update(of=("self",)).select_related("resolved_by").get(
-        pk=conflict.pk
-    )
+    locked = FactConflict.objects.select_for_update().get(pk=conflict.pk)
     if locked.is_open:
         return
+    # Read the decider after the lock: a row joined in the locking query would come from
+    # the snapshot taken before waiting, when nobody had decided yet.
     who = locked.resolved_by.get_username() if locked.resolved_by else "someone"
     raise StaleVersion(
         f"expected conflict {conflict.pk} on {conflict.subject} {conflict.predicate} to be "

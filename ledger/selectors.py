@@ -1,4 +1,5 @@
-"""Reads the review desk needs: the queue, one operation, its duplicates, the audit log.
+"""Reads the review desk needs: the queue, one operation, its duplicates, fact conflicts,
+overdue obligations, one run, the audit log.
 
 Every function takes the acting `user` and only ever returns rows of tenants that user
 may see (`ledger.access.tenants_for`). List reads are keyset-paginated on
@@ -19,11 +20,23 @@ from django.db.models import (
     QuerySet,
     Subquery,
 )
+from django.db.models.functions import Left, Length
 from django.utils import timezone
 
-from ledger import access, states
+from ledger import access, facts, obligations, states
 from ledger.errors import InvalidInput
-from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models import (
+    Episode,
+    Evidence,
+    Fact,
+    FactConflict,
+    Lease,
+    Obligation,
+    Operation,
+    OperationEvent,
+    Run,
+    Step,
+)
 from ledger.models.operations import Conflict
 from ledger.states import RetryPolicy, State
 
@@ -138,7 +151,7 @@ def review_queue(
     now = now or timezone.now()
     per_page = _check_per_page(per_page)
     filtered = _filtered(user, filters, now=now)
-    flagged = with_review_flags(filtered).defer("intent", "error_detail")
+    flagged = with_review_flags(filtered).select_related("run").defer("intent", "error_detail")
     qs = _in_queue(flagged, filters.state, searching=bool(filters.search))
     qs = _after_cursor(qs, "state_changed_at", cursor, descending=not filters.oldest_first)
     order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
@@ -277,6 +290,156 @@ def resolutions_for(op: Operation, user) -> list[str]:
     ):
         allowed = [s for s in allowed if s != State.SAFE_TO_RETRY]
     return allowed
+
+
+# --- execution state: fact conflicts, overdue obligations, runs --------------------------
+
+# Fact conflicts and overdue obligations are counted up to this many (then "100+").
+EXECUTION_COUNT_CAP = 100
+# The most rows of each kind the run page shows (operations, obligations, episodes).
+RUN_ROWS_SHOWN = 200
+# Episodes are shown cut to this many characters (the page never loads a whole transcript).
+EPISODE_CHARS_SHOWN = 2000
+
+
+def _capped_count(qs: QuerySet) -> tuple[int, bool]:
+    n = qs.order_by().values("pk")[: EXECUTION_COUNT_CAP + 1].count()
+    return min(n, EXECUTION_COUNT_CAP), n > EXECUTION_COUNT_CAP
+
+
+def conflicts_for(user) -> QuerySet[FactConflict]:
+    """Fact conflicts, open or decided, of the tenants `user` may see."""
+    return FactConflict.objects.for_tenants(access.tenants_for(user))
+
+
+def visible_conflicts(user, *, tenant: str = "") -> QuerySet[FactConflict]:
+    """Open fact conflicts of the tenants `user` may see (one tenant if `tenant`), oldest
+    first, with both sides and their runs loaded."""
+    qs = facts.open_conflicts(tenants=access.tenants_for(user))
+    return qs.filter(tenant=tenant) if tenant else qs
+
+
+def visible_overdue(user, *, tenant: str = "", now: datetime | None = None):
+    """Open obligations past their deadline, of the tenants `user` may see, most overdue
+    first, with their runs loaded."""
+    qs = obligations.overdue(tenants=access.tenants_for(user), now=now)
+    return qs.filter(tenant=tenant) if tenant else qs
+
+
+@dataclass(frozen=True)
+class ExecutionCounts:
+    fact_conflicts: int
+    fact_conflicts_capped: bool
+    overdue_obligations: int
+    overdue_capped: bool
+
+
+def execution_counts(user, *, tenant: str = "", now: datetime | None = None) -> ExecutionCounts:
+    """How many open fact conflicts and overdue obligations wait: two capped counts."""
+    conflicts, conflicts_capped = _capped_count(visible_conflicts(user, tenant=tenant))
+    overdue, overdue_capped = _capped_count(visible_overdue(user, tenant=tenant, now=now))
+    return ExecutionCounts(conflicts, conflicts_capped, overdue, overdue_capped)
+
+
+def conflict_page(user, *, tenant: str = "", cursor: str = "", per_page: int = 50) -> Page:
+    """One keyset page of open fact conflicts, oldest first: one query whatever `per_page`."""
+    per_page = _check_per_page(per_page)
+    qs = _after_cursor(visible_conflicts(user, tenant=tenant), "created_at", cursor,
+                       descending=False)
+    return Page(**_paginate(qs, "created_at", per_page))
+
+
+def overdue_page(user, *, tenant: str = "", cursor: str = "", per_page: int = 50,
+                 now: datetime | None = None) -> Page:
+    """One keyset page of overdue obligations, most overdue first: one query."""
+    per_page = _check_per_page(per_page)
+    qs = _after_cursor(visible_overdue(user, tenant=tenant, now=now), "deadline", cursor,
+                       descending=False)
+    return Page(**_paginate(qs, "deadline", per_page))
+
+
+@dataclass
+class ConflictDetail:
+    """A conflict, and the version that is current now (newer than `conflict.current`
+    when the fact moved on since the conflict opened; None never, a conflict has one)."""
+
+    conflict: FactConflict
+    live: Fact | None
+    can_decide: bool
+
+    @property
+    def moved_on(self) -> bool:
+        return self.live is not None and self.live.pk != self.conflict.current_id
+
+
+def conflict_detail(user, conflict_id: int) -> ConflictDetail:
+    """Everything the conflict page shows, in two queries; FactConflict.DoesNotExist for
+    another tenant's. `can_decide`: open, and `user` holds `ledger.resolve_factconflict`
+    (`facts.resolve_conflict` checks the same again)."""
+    conflict = (
+        conflicts_for(user)
+        .select_related("current", "candidate", "current__run", "candidate__run",
+                        "resolved_by", "resolved_fact")
+        .get(pk=conflict_id)
+    )
+    live = (
+        Fact.objects.current()
+        .filter(tenant=conflict.tenant, subject=conflict.subject, predicate=conflict.predicate)
+        .select_related("run").first()
+    )
+    can_decide = conflict.is_open and user.has_perm("ledger.resolve_factconflict")
+    return ConflictDetail(conflict=conflict, live=live, can_decide=can_decide)
+
+
+@dataclass
+class RunDetail:
+    """What the run page shows: the run's records, and its lease as the table holds it."""
+
+    run: Run
+    lease: Lease | None
+    steps: list[Step]
+    operations: list[Operation]
+    obligations: list[Obligation]
+    facts: list[Fact]
+    open_conflicts: list[FactConflict]
+    episodes: list[Episode]
+    rows_shown: int = RUN_ROWS_SHOWN
+
+    @property
+    def lease_is_live(self) -> bool:
+        return self.lease is not None and self.lease.expires_at > timezone.now()
+
+
+def run_detail(user, run_id: str) -> RunDetail:
+    """The run `run_id` with its steps (and dependencies), operations, obligations, the
+    current facts it wrote (with provenance), its open conflicts, its latest episodes and
+    its lease: ten queries whatever the run holds (each list capped at RUN_ROWS_SHOWN).
+    Run.DoesNotExist for a run of a tenant `user` may not see."""
+    tenants = access.tenants_for(user)
+    runs = Run.objects.all() if tenants is None else Run.objects.filter(tenant__in=tenants)
+    run = runs.get(run_id=run_id)
+    episodes = (
+        Episode.objects.filter(run=run)
+        .annotate(excerpt=Left("content", EPISODE_CHARS_SHOWN), length=Length("content"))
+        .defer("content").order_by("-created_at", "-id")[:RUN_ROWS_SHOWN]
+    )
+    return RunDetail(
+        run=run,
+        lease=Lease.objects.filter(resource=run.lease_resource).first(),
+        steps=list(Step.objects.filter(run=run).prefetch_related("depends_on").order_by("id")),
+        operations=list(
+            Operation.objects.filter(run=run).select_related("step")
+            .defer("intent", "error_detail").order_by("created_at", "id")[:RUN_ROWS_SHOWN]
+        ),
+        obligations=list(Obligation.objects.filter(run=run)
+                         .order_by("created_at", "id")[:RUN_ROWS_SHOWN]),
+        facts=facts.facts_of_run(run),
+        open_conflicts=list(
+            FactConflict.objects.open().filter(candidate__run=run)
+            .select_related("current", "candidate").order_by("created_at", "id")[:RUN_ROWS_SHOWN]
+        ),
+        episodes=list(reversed(list(episodes))),
+    )
 
 
 # --- the audit log -----------------------------------------------------------------------

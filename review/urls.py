@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import views, views_retention
+from review import views, views_execution, views_retention
 
 app_name = "review"
 
@@ -19,4 +19,14 @@ urlpatterns += [
     path("retention/policies/<int:pk>/", views_retention.edit_policy, name="retention_edit"),
     path("retention/policies/<int:pk>/delete/", views_retention.delete_policy,
          name="retention_delete"),
+]
+
+# Execution state: fact conflicts, overdue obligations, runs (review/views_execution.py).
+urlpatterns += [
+    path("conflicts/", views_execution.conflicts, name="conflicts"),
+    path("conflicts/<int:conflict_id>/", views_execution.conflict_detail, name="conflict"),
+    path("conflicts/<int:conflict_id>/resolve/", views_execution.resolve_conflict,
+         name="resolve_conflict"),
+    path("obligations/overdue/", views_execution.overdue, name="overdue"),
+    path("runs/<path:run_id>/", views_execution.run_detail, name="run"),
 ]

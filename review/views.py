@@ -38,6 +38,9 @@ def queue(request):
     form = QueueFilterForm(request.GET)
     page = selectors.review_queue(request.user, form.filters(), **form.page_args())
     context = {"form": form, "page": page, "states": State}
+    # The fact-conflict and overdue-obligation tabs (review/views_execution.py).
+    context["exec_counts"] = selectors.execution_counts(request.user,
+                                                        tenant=form.filters().tenant)
     return _render(request, "review/queue.html", "results", context)
 
 

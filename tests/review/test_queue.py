@@ -10,7 +10,7 @@ from ledger import selectors
 from ledger.errors import InvalidInput
 from ledger.states import State
 from review.templatetags.desk import stuck_for
-from tests.factories import OperationFactory, add_evidence
+from tests.factories import OperationFactory, RunFactory, add_evidence
 
 QUEUE = reverse("review:queue")
 
@@ -183,13 +183,15 @@ def test_counts_per_state_cover_the_whole_queue_not_only_the_page(client, review
 @pytest.mark.parametrize("per_page", [1, 50])
 def test_queue_page_runs_a_fixed_number_of_queries(client, reviewer, per_page,
                                                    django_assert_num_queries):
-    for _ in range(55):
-        OperationFactory(state=State.OUTCOME_UNKNOWN)
+    runs_ = [RunFactory(), RunFactory(), None]
+    for n in range(55):
+        OperationFactory(state=State.OUTCOME_UNKNOWN, run=runs_[n % 3])
     ambiguous()
     duplicate_pair()
     client.force_login(reviewer)
-    # session, user, user perms, group perms, tenant grants, page, grouped counts, conflicts
-    with django_assert_num_queries(8):
+    # session, user, user perms, group perms, tenant grants, page (with each row's run),
+    # grouped counts, conflicts, fact conflicts, overdue obligations
+    with django_assert_num_queries(10):
         response = client.get(QUEUE, {"per_page": per_page})
     assert len(response.context["page"].items) == per_page
 

@@ -1,0 +1,151 @@
+"""The desk's execution-state pages: fact conflicts, overdue obligations, one run.
+
+Thin, like `review.views`: visibility comes from `ledger.selectors` (another tenant's
+conflict or run is a 404), and every decision goes through `ledger.facts.resolve_conflict`,
+which checks the permission and the tenant again.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from ledger import errors, facts, selectors
+from ledger.canonical import scrub_text
+from ledger.models import FactConflict, Run
+from review.forms_execution import SIDES, ConflictDecisionForm, ExecutionListForm
+from review.views import _render
+
+view_conflicts_required = permission_required("ledger.view_factconflict", raise_exception=True)
+view_obligations_required = permission_required("ledger.view_obligation", raise_exception=True)
+view_runs_required = permission_required("ledger.view_run", raise_exception=True)
+resolve_conflict_required = permission_required(
+    "ledger.resolve_factconflict", raise_exception=True
+)
+
+
+def _list_context(request, form: ExecutionListForm, page) -> dict:
+    return {
+        "form": form,
+        "page": page,
+        "exec_counts": selectors.execution_counts(request.user, tenant=form.tenant_filter()),
+    }
+
+
+@require_GET
+@view_conflicts_required
+def conflicts(request):
+    form = ExecutionListForm(request.GET)
+    page = selectors.conflict_page(request.user, tenant=form.tenant_filter(),
+                                   **form.page_args())
+    return _render(request, "review/conflicts.html", "results",
+                   _list_context(request, form, page))
+
+
+@require_GET
+@view_obligations_required
+def overdue(request):
+    form = ExecutionListForm(request.GET)
+    page = selectors.overdue_page(request.user, tenant=form.tenant_filter(),
+                                  **form.page_args())
+    return _render(request, "review/overdue.html", "results",
+                   _list_context(request, form, page))
+
+
+@require_GET
+@view_conflicts_required
+def conflict_detail(request, conflict_id: int):
+    return _conflict(request, conflict_id)
+
+
+def _conflict(request, conflict_id: int, *, form: ConflictDecisionForm | None = None,
+              status: int = 200):
+    try:
+        detail = selectors.conflict_detail(request.user, conflict_id)
+    except FactConflict.DoesNotExist:
+        raise Http404(f"no fact conflict {conflict_id} among the tenants you may see") from None
+    if form is None and detail.live is not None:
+        form = ConflictDecisionForm(initial={"expected_version": detail.live.version})
+    context = {"detail": detail, "conflict": detail.conflict, "form": form}
+    return _render(request, "review/conflict.html", "decision", context, status=status)
+
+
+@require_POST
+@resolve_conflict_required
+def resolve_conflict(request, conflict_id: int):
+    """"Use this value": POST/redirect/GET, or the fresh decision fragment for htmx."""
+    conflict = (
+        selectors.conflicts_for(request.user).select_related("current", "candidate")
+        .filter(pk=conflict_id).first()
+    )
+    if conflict is None:
+        raise Http404(f"no fact conflict {conflict_id} among the tenants you may see")
+    form = ConflictDecisionForm(request.POST)
+    if not form.is_valid():
+        return _conflict(request, conflict_id, form=form, status=422)
+    side = form.cleaned_data["winner"]
+    try:
+        written = facts.resolve_conflict(
+            conflict, winner=side, user=request.user, reason=form.cleaned_data["reason"],
+            expected_version=form.cleaned_data["expected_version"],
+        )
+    except errors.PermissionDenied as exc:
+        raise PermissionDenied(str(exc)) from exc
+    except errors.StaleVersion as exc:
+        messages.warning(request, decided_first_message(exc))
+    except errors.StaleFact as exc:
+        messages.warning(request, moved_on_message(exc))
+    except errors.InvalidInput as exc:
+        messages.error(request, f"Nothing recorded: {exc}")
+    else:
+        messages.success(
+            request, f"Recorded: used {SIDES[side]} for {conflict.subject} "
+            f"{conflict.predicate}; it is now version {written.version}."
+        )
+    if request.htmx:
+        return _conflict(request, conflict_id)
+    return redirect(reverse("review:conflict", args=[conflict_id]))
+
+
+def decided_first_message(exc: errors.StaleVersion) -> str:
+    """Who decided the conflict first, when, and which value they kept."""
+    locked = exc.current
+    if not isinstance(locked, FactConflict) or locked.resolved_at is None:
+        return f"Nothing recorded: {exc}"
+    who = locked.resolved_by.get_username() if locked.resolved_by else "someone"
+    side = "current" if locked.chosen_id == locked.current_id else "candidate"
+    return (
+        f"Nothing recorded: {who} already decided this conflict at "
+        f"{locked.resolved_at:%Y-%m-%d %H:%M:%S} UTC and used {SIDES[side]}"
+        + (f" (reason: {locked.resolution_reason})" if locked.resolution_reason else "")
+        + "."
+    )
+
+
+def moved_on_message(exc: errors.StaleFact) -> str:
+    """The fact changed after the page was rendered: what it is now, decide again."""
+    current = exc.current
+    if current is None:
+        return f"Nothing recorded: {exc}"
+    return (
+        f"Nothing recorded: {current.subject} {current.predicate} moved on since you loaded "
+        f"the page; it is now version {current.version} = "
+        f"{scrub_text(repr(current.value))[:200]} from {current.source}, observed "
+        f"{current.observed_at:%Y-%m-%d %H:%M:%S} UTC. Decide again against the current value."
+    )
+
+
+@require_GET
+@view_runs_required
+def run_detail(request, run_id: str):
+    try:
+        detail = selectors.run_detail(request.user, run_id)
+    except Run.DoesNotExist:
+        raise Http404(f"no run {run_id} among the tenants you may see") from None
+    return _render(request, "review/run.html", "records", {"detail": detail,
+                                                           "run": detail.run})
