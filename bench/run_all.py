@@ -23,7 +23,7 @@ from bench.common import RESULTS  # noqa: E402
 # benchmark -> (what the ratio compares, the goal, how to read the goal)
 GOALS = {
     "P1": ("lifecycle: ledger API / bare ORM", 1.3, "<="),
-    "P2": ("queue page: 1M rows / 10k rows", 1.2, "<="),
+    "P2": ("desk pages: large / small ledger (10k unresolved)", 1.2, "<="),
     "P3": ("reconcile: 4 workers / 1 worker throughput", 3.5, ">="),
     "P4": ("record_intent: replay / first record", 0.5, "<="),
     "P5": ("record_intent p99: during purge / without", 2.0, "<="),
