@@ -3,10 +3,9 @@
 import json
 import math
 import signal
-import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from ledger import receipts
 from ledger.canonical import REDACTED
@@ -21,6 +20,7 @@ from ledger.errors import (
 from ledger.models import Operation, OperationEvent
 from ledger.states import State
 from tests.factories import OperationFactory, UserFactory
+from tests.support.concurrency import join, run_threads
 from tests.support.processes import spawn, wait_for_line
 
 
@@ -194,30 +194,10 @@ def test_derived_idempotency_keys_are_stable():
                                                                                    "tep-a")
 
 
-def _run_threads(count, target):
-    barrier = threading.Barrier(count)
-    results, errors = [], []
-
-    def body(i):
-        try:
-            barrier.wait()
-            results.append(target(i))
-        except Exception as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results, errors
-
-
 @pytest.mark.django_db(transaction=True)
 def test_eight_threads_racing_the_same_key_make_one_operation():
-    results, errors = _run_threads(8, lambda i: record(idempotency_key="race-key").pk)
+    threads, results, errors = run_threads(8, lambda i: record(idempotency_key="race-key").pk)
+    join(threads)
     assert errors == []
     assert len(set(results)) == 1
     assert Operation.objects.filter(idempotency_key="race-key").count() == 1
@@ -235,7 +215,8 @@ def test_eight_threads_racing_to_finish_one_operation_have_exactly_one_winner():
             return receipts.mark_succeeded(mine, external_id=f"e-{i}").state
         return receipts.mark_outcome_unknown(mine, error_code="timeout").state
 
-    results, errors = _run_threads(8, finish)
+    threads, results, errors = run_threads(8, finish)
+    join(threads)
     assert len(results) == 1
     assert len(errors) == 7
     assert all(isinstance(e, (StaleVersion, IllegalTransition)) for e in errors), errors

@@ -9,8 +9,9 @@ from django.db import connection, connections
 
 
 def run_threads(count: int, target, *, start_together: bool = True):
-    """Run `target(i)` in `count` threads (released together by a barrier); returns
-    (results, errors), each thread closing its own connection when done."""
+    """Start `target(i)` in `count` threads (released together by a barrier); returns
+    (threads, results, errors) — `join(threads)` before reading the lists. Each thread
+    closes its own connection when done."""
     barrier = threading.Barrier(count)
     results, errors = [], []
     lock = threading.Lock()
