@@ -57,12 +57,16 @@ def main() -> dict:
     n = SCALES[args.scale]
     counter = itertools.count()
     run = uuid.uuid4().hex[:10]  # keys never collide with an earlier run's
-    intent = {"title": "Quarterly report", "body": "x" * 400, "tags": ["a", "b"],
-              "headers": {"Authorization": "Bearer secret", "Content-Type": "json"}}
+
+    def intent(i: int) -> dict:
+        # A different article each time, as an agent sends: one intent repeated under new
+        # keys would make every success a duplicate of the last (which the ledger flags).
+        return {"title": f"Quarterly report {run}-{i}", "body": "x" * 400, "tags": ["a", "b"],
+                "headers": {"Authorization": "Bearer secret", "Content-Type": "json"}}
 
     def ledger_lifecycle():
         i = next(counter)
-        op = receipts.record_intent("bench.lifecycle", "https://cms.example/api", intent,
+        op = receipts.record_intent("bench.lifecycle", "https://cms.example/api", intent(i),
                                     idempotency_key=f"p1-{run}-{i}")
         receipts.mark_submitted(op)
         receipts.mark_succeeded(op, external_id=f"ext-{i}")
@@ -72,7 +76,7 @@ def main() -> dict:
         now = timezone.now()
         row = BareOperation.objects.create(
             operation_id=f"bare-{run}-{i}", tenant="default", operation="bench.bare",
-            target="https://cms.example/api", intent=intent, intent_fingerprint="sha256:0",
+            target="https://cms.example/api", intent=intent(i), intent_fingerprint="sha256:0",
             idempotency_key=f"bare-{run}-{i}", state="planned", version=1,
             created_at=now, state_changed_at=now,
         )

@@ -78,9 +78,24 @@ SELECT o.id, o.tenant, v,
        (ARRAY['planned', 'submitted', o.state])[v],
        'agent', 'bench-agent', 'seeded', NULL, NULL,
        o.created_at + (v - 1) * interval '1 second',
-       o.id * 3 + v, repeat('0', 64)
+       %(base)s + row_number() OVER (ORDER BY o.id, v), repeat('0', 64)
   FROM ledger_operation o, generate_series(1, 3) v
  WHERE o.operation_id BETWEEN %(lo)s AND %(hi)s
+"""
+
+# The seeded events take the next sequence numbers of the tenant's chain; the head then
+# moves past them, so the agents writing after the load link on without a collision. (The
+# seeded hashes are placeholders: the bench database's chain does not verify, by design.)
+_CHAIN_BASE = """
+SELECT COALESCE((SELECT seq FROM ledger_chainhead
+                  WHERE chain = 'operation_events' AND tenant = 'default'), 0)
+"""
+_CHAIN_HEAD = """
+INSERT INTO ledger_chainhead (chain, tenant, seq, hash)
+SELECT 'operation_events', 'default', max(chain_seq), repeat('0', 64)
+  FROM ledger_operationevent WHERE tenant = 'default'
+HAVING max(chain_seq) IS NOT NULL
+ON CONFLICT (chain, tenant) DO UPDATE SET seq = GREATEST(ledger_chainhead.seq, EXCLUDED.seq)
 """
 
 _EVIDENCE = """
@@ -112,7 +127,10 @@ def seed(tag: str, first: int, last: int, unresolved: int, days_ago: int = 30) -
                 started = time.perf_counter()
                 cursor.execute(_OPERATIONS, {"tag": tag, "first": start, "last": stop,
                                              "unresolved": unresolved, "days_ago": days_ago})
-                cursor.execute(_EVENTS, {"lo": lo, "hi": hi})
+                cursor.execute(_CHAIN_BASE)
+                base = cursor.fetchone()[0]
+                cursor.execute(_EVENTS, {"lo": lo, "hi": hi, "base": base})
+                cursor.execute(_CHAIN_HEAD)
                 cursor.execute(_EVIDENCE, {"lo": lo, "hi": hi})
                 print(f"  seeded operations {start:>9,}..{stop:>9,} with events and evidence "
                       f"in {time.perf_counter() - started:.1f} s", flush=True)

@@ -11,11 +11,11 @@ import hashlib
 import re
 import secrets
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger import access, audit, leases, states
@@ -103,7 +103,9 @@ def record_intent(
     _check_text(idempotency_key, "idempotency_key", max_length=200)
     run_obj, step_obj = _resolve_run_and_step(run, step, tenant)
 
-    with transaction.atomic(durable=True):
+    # Each statement below stands alone: the look-up only saves a replay the insert, and the
+    # insert is one statement that keeps its key with ON CONFLICT (see _one_statement).
+    with _one_statement():
         existing = _existing(tenant, operation, idempotency_key)
         if existing is None:
             now = timezone.now()
@@ -145,17 +147,45 @@ def record_intent(
         return existing
 
 
+_FIELDS = Operation._meta.concrete_fields
+_ATTNAMES = [f.attname for f in _FIELDS]
+# Columns whose database value needs the field's conversion (the JSON intent).
+_CONVERTED = [(i, f) for i, f in enumerate(_FIELDS) if hasattr(f, "from_db_value")]
+_EXISTING = (
+    f"SELECT {', '.join(connection.ops.quote_name(f.column) for f in _FIELDS)}"
+    f" FROM {Operation._meta.db_table}"
+    " WHERE tenant = %s AND operation = %s AND idempotency_key = %s AND idempotency_key > ''"
+)
+
+
 def _existing(tenant: str, operation: str, key: str) -> Operation | None:
-    # On every record_intent: a raw query skips the ORM's query compilation, and without an
-    # ORDER BY (which .first() would add) the partial unique index answers it alone.
-    found = list(
-        Operation.objects.raw(
-            "SELECT * FROM ledger_operation"
-            " WHERE tenant = %s AND operation = %s AND idempotency_key = %s LIMIT 1",
-            [tenant, operation, key],
-        )
-    )
-    return found[0] if found else None
+    # On every record_intent: a prepared statement and Model.from_db skip the ORM's query
+    # compilation and the planner, and without an ORDER BY (which .first() would add) the
+    # partial unique index answers it alone.
+    with audit.prepared_cursor() as cursor:
+        cursor.execute(_EXISTING, [tenant, operation, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = list(row)
+    for i, field in _CONVERTED:
+        values[i] = field.from_db_value(values[i], None, connection)
+    return Operation.from_db(connection.alias, _ATTNAMES, values)
+
+
+def _one_statement() -> AbstractContextManager:
+    """The transaction of an agent's write that is a single SQL statement.
+
+    Every change here is one statement (the row, its event and its chain link: see
+    ledger.audit), and in autocommit mode PostgreSQL runs a statement as its own
+    transaction, deferred event check included; so no BEGIN and COMMIT round trips around
+    it. Inside a caller's transaction it is `atomic(durable=True)` as before, which refuses
+    to nest: a receipt must be committed before the external call, not when the caller's
+    block ends.
+    """
+    if connection.get_autocommit() and not connection.in_atomic_block:
+        return nullcontext()
+    return transaction.atomic(durable=True)
 
 
 def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
@@ -330,7 +360,9 @@ def _agent_transition(op, to_state, *, actor: str | None = None, **kwargs) -> Op
             from_state=op.state,
             to_state=to_state,
         )
-    with transaction.atomic(durable=True):
+    # A fenced write checks the lease in the same transaction as the change: two statements.
+    fenced = kwargs.get("fencing_token") is not None
+    with transaction.atomic(durable=True) if fenced else _one_statement():
         return apply_transition(
             op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "", **kwargs
         )

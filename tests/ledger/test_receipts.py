@@ -154,6 +154,20 @@ def test_same_key_and_intent_returns_existing_operation():
     assert Operation.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_returns_the_operation_as_the_orm_reads_it():
+    # Outside a test transaction: the agent's autocommit path, prepared look-up included.
+    intent = {"title": "Hello", "body": {"text": "World", "tags": ["a"]}, "n": 1.5}
+    first = record(idempotency_key="k-1", intent=intent)
+    receipts.mark_submitted(first)
+    again = record(idempotency_key="k-1", intent=intent)
+    fresh = Operation.objects.get(pk=first.pk)
+    for field in Operation._meta.concrete_fields:
+        assert getattr(again, field.attname) == getattr(fresh, field.attname), field.name
+    assert again.intent == intent
+    assert again.state == State.SUBMITTED and not again._state.adding
+
+
 @pytest.mark.django_db
 def test_different_keys_make_two_operations():
     a = record(idempotency_key="k-a")
