@@ -19,16 +19,39 @@ _EVENT_RECORDED = """
 _TERMINAL_SQL = ", ".join(f"'{state}'" for state in sorted(TERMINAL))
 _TERMINAL_TEXT = ", ".join(sorted(TERMINAL))
 # The database's own guarantee behind retention: nothing unfinished is ever forgotten.
+# Once per DELETE statement, over the deleted rows (a transition table): the purge deletes
+# hundreds of operations a batch, and one look at them costs less than a call per row.
 _DELETE_TERMINAL_ONLY = f"""
-    IF OLD.state NOT IN ({_TERMINAL_SQL}) THEN
+    SELECT operation_id, state INTO unfinished FROM old_values
+     WHERE state NOT IN ({_TERMINAL_SQL}) LIMIT 1;
+    IF FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected a terminal operation ({_TERMINAL_TEXT}) '
                              'to delete, found state %s; only the retention purge removes '
-                             'operations, and never unfinished ones', OLD.operation_id,
-                             OLD.state);
+                             'operations, and never unfinished ones', unfinished.operation_id,
+                             unfinished.state);
     END IF;
-    RETURN OLD;
+    RETURN NULL;
 """
+
+
+class AppendOnly(pgtrigger.Protect):
+    """Refuse every UPDATE and DELETE statement on the table, once per statement.
+
+    A BEFORE trigger at statement level (pgtrigger's own statement-level Protect is an
+    AFTER trigger over transition tables, which cannot cover UPDATE and DELETE at once):
+    the sanctioned purge, under `pgtrigger.ignore`, pays for one check per statement
+    rather than one per row. It refuses even a statement that matches no row.
+    """
+
+    def __init__(self, *, name: str):
+        super().__init__(name=name, operation=pgtrigger.Update | pgtrigger.Delete,
+                         level=pgtrigger.Statement)
+        self.when = pgtrigger.Before
+
+    def get_func(self, model):
+        return "RAISE EXCEPTION 'pgtrigger: Cannot update or delete rows from % table', " \
+               "TG_TABLE_NAME;"
 
 
 class Conflict(models.TextChoices):
@@ -161,7 +184,10 @@ class Operation(models.Model):
             pgtrigger.Trigger(
                 name="operation_delete_terminal_only",
                 operation=pgtrigger.Delete,
-                when=pgtrigger.Before,
+                when=pgtrigger.After,
+                level=pgtrigger.Statement,
+                referencing=pgtrigger.Referencing(old="old_values"),
+                declare=[("unfinished", "record")],
                 func=_DELETE_TERMINAL_ONLY,
             ),
             pgtrigger.Trigger(
@@ -226,9 +252,7 @@ class OperationEvent(models.Model):
         ]
         ordering = ["operation", "version"]
         triggers = [
-            pgtrigger.Protect(
-                name="event_append_only", operation=pgtrigger.Update | pgtrigger.Delete
-            ),
+            AppendOnly(name="event_append_only"),
         ]
 
     def __str__(self):
@@ -253,9 +277,7 @@ class Evidence(models.Model):
         verbose_name_plural = "evidence"
         ordering = ["operation", "created_at", "id"]
         triggers = [
-            pgtrigger.Protect(
-                name="evidence_append_only", operation=pgtrigger.Update | pgtrigger.Delete
-            ),
+            AppendOnly(name="evidence_append_only"),
         ]
 
     def __str__(self):

@@ -235,6 +235,29 @@ def test_events_stay_append_only_outside_the_purge():
         cursor.execute("DELETE FROM ledger_operation WHERE id = %s", [open_op.pk])
 
 
+@pytest.mark.django_db
+def test_one_unfinished_operation_refuses_a_whole_delete_statement():
+    # The purge deletes a batch in one statement; the check runs once over all its rows.
+    done = [OperationFactory(state=State.SUCCEEDED) for _ in range(3)]
+    open_op = OperationFactory(state=State.MANUAL_REVIEW)
+    ids = [op.pk for op in [*done, open_op]]
+    with pytest.raises(DatabaseError, match=rf"operation {open_op.operation_id}: expected a "
+                                            r"terminal operation .* found state manual_review"), \
+            transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM ledger_operation WHERE id = ANY(%s)", [ids])
+    assert Operation.objects.filter(pk__in=ids).count() == 4
+
+
+@pytest.mark.django_db
+def test_events_and_evidence_refuse_even_a_statement_that_matches_nothing():
+    for table in ("ledger_operationevent", "ledger_evidence"):
+        for sql in (f"DELETE FROM {table} WHERE id = -1",
+                    f"UPDATE {table} SET created_at = now() WHERE id = -1"):
+            with pytest.raises(DatabaseError, match=f"Cannot update or delete rows from {table}"), \
+                    transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql)
+
+
 # --- the application role -----------------------------------------------------------------
 
 AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentionchange",
