@@ -9,7 +9,7 @@ transaction ends, so the writers of one tenant take turns. Evidence and reasons 
 agent- or person-written: secrets are masked before they are stored.
 
 These statements run on every receipt, so they are bound on the server and prepared
-(`prepared_cursor`): PostgreSQL plans each shape once per connection.
+(`ledger.prepared`): PostgreSQL plans each shape once per connection.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.backends.postgresql.base import ServerBindingCursor
-from django.db.backends.utils import CursorWrapper
 from django.db.models import Field
 
 from ledger import chain
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.models import Operation, OperationEvent
+from ledger.prepared import prepared_cursor
 
 _OPERATION = Operation._meta
 _EVENT = OperationEvent._meta
@@ -62,23 +61,28 @@ def event_values(
     }
 
 
-def prepared_cursor() -> CursorWrapper:
-    """A Django cursor whose statements are bound on the server, hence prepared.
+_FIELDS = _OPERATION.concrete_fields
+_ATTNAMES = [f.attname for f in _FIELDS]
+_CONVERTED = [(i, f) for i, f in enumerate(_FIELDS) if hasattr(f, "from_db_value")]
 
-    For the ledger's hot statements, whose SQL text repeats call after call with other
-    values: with the connection's `prepare_threshold` (settings: 0) psycopg prepares each
-    on first use and PostgreSQL reuses its plan, which saves more than the plan costs to
-    keep. Django's cursor wrapper stays around it, so execute_wrapper, query logging and
-    error translation see these statements like any other. With `prepare_threshold` None
-    (LEDGER_PREPARED_STATEMENTS=0) the same statements run unprepared.
-    """
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    with connection.wrap_database_errors:
-        cursor = ServerBindingCursor(connection.connection)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(cursor)
-    return connection.make_cursor(cursor)
+
+def operation_columns(alias: str = "") -> str:
+    """Every column of ledger_operation (qualified by `alias` if given), in the order
+    `operation_from_row` reads them."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + connection.ops.quote_name(f.column) for f in _FIELDS)
+
+
+OPERATION_COLUMNS = operation_columns()
+
+
+def operation_from_row(row: Sequence[Any]) -> Operation:
+    """An Operation from a row that starts with `operation_columns()`, converted as the ORM
+    would (the JSON intent decoded), for hot reads that skip the ORM's query compilation."""
+    values = list(row[:len(_FIELDS)])
+    for i, field in _CONVERTED:
+        values[i] = field.from_db_value(values[i], None, connection)
+    return Operation.from_db(connection.alias, _ATTNAMES, values)
 
 
 @functools.cache

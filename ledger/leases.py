@@ -4,15 +4,19 @@ A lease is a time-limited claim on a resource (`run:<run_id>`, ...). Every acqui
 hands out a token strictly greater than any token the resource had before, so a write that
 carries a token can be refused once someone newer took over (`check`). Times come from the
 database clock (`now()`), never from the caller's.
+
+Each change is one statement (atomic alone, or part of the caller's transaction, with no
+savepoint around it), prepared: reconcilers take and release a lease per operation.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken
+from ledger.prepared import prepared_cursor
 
 
 def _check_ttl(ttl: timedelta) -> None:
@@ -35,7 +39,7 @@ def acquire(resource: str, owner: str, ttl: timedelta) -> int:
     """
     _check_names(resource, owner)
     _check_ttl(ttl)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             """
             INSERT INTO ledger_lease (resource, owner, token, acquired_at, expires_at)
@@ -73,7 +77,7 @@ def renew(resource: str, owner: str, token: int, ttl: timedelta):
     """
     _check_names(resource, owner)
     _check_ttl(ttl)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             """
             UPDATE ledger_lease SET expires_at = clock_timestamp() + %s
@@ -91,7 +95,7 @@ def renew(resource: str, owner: str, token: int, ttl: timedelta):
 def release(resource: str, owner: str, token: int) -> None:
     """End the lease now. The row stays, so the next token is still larger."""
     _check_names(resource, owner)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             """
             UPDATE ledger_lease SET expires_at = clock_timestamp()
@@ -112,7 +116,7 @@ def check(resource: str, token: int) -> None:
     be handed out before the caller's write commits.
     """
     _check_names(resource)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             "SELECT token FROM ledger_lease WHERE resource = %s FOR SHARE", [resource]
         )

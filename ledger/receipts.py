@@ -28,6 +28,7 @@ from ledger.errors import (
 )
 from ledger.models import Operation, OperationEvent, Run, Step
 from ledger.models.operations import Conflict
+from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, RetryPolicy, State
 
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
@@ -147,30 +148,20 @@ def record_intent(
         return existing
 
 
-_FIELDS = Operation._meta.concrete_fields
-_ATTNAMES = [f.attname for f in _FIELDS]
-# Columns whose database value needs the field's conversion (the JSON intent).
-_CONVERTED = [(i, f) for i, f in enumerate(_FIELDS) if hasattr(f, "from_db_value")]
 _EXISTING = (
-    f"SELECT {', '.join(connection.ops.quote_name(f.column) for f in _FIELDS)}"
-    f" FROM {Operation._meta.db_table}"
+    f"SELECT {audit.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
     " WHERE tenant = %s AND operation = %s AND idempotency_key = %s AND idempotency_key > ''"
 )
 
 
 def _existing(tenant: str, operation: str, key: str) -> Operation | None:
-    # On every record_intent: a prepared statement and Model.from_db skip the ORM's query
-    # compilation and the planner, and without an ORDER BY (which .first() would add) the
-    # partial unique index answers it alone.
-    with audit.prepared_cursor() as cursor:
+    # On every record_intent: a prepared statement skips the ORM's query compilation and
+    # the planner, and without an ORDER BY (which .first() would add) the partial unique
+    # index answers it alone.
+    with prepared_cursor() as cursor:
         cursor.execute(_EXISTING, [tenant, operation, key])
         row = cursor.fetchone()
-    if row is None:
-        return None
-    values = list(row)
-    for i, field in _CONVERTED:
-        values[i] = field.from_db_value(values[i], None, connection)
-    return Operation.from_db(connection.alias, _ATTNAMES, values)
+    return None if row is None else audit.operation_from_row(row)
 
 
 def _one_statement() -> AbstractContextManager:

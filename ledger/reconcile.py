@@ -34,15 +34,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Concat, Now
 from django.utils import timezone
 
-from ledger import leases
+from ledger import audit, leases
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
 from ledger.models import Evidence, Lease, Operation
 from ledger.models.operations import Conflict
+from ledger.prepared import prepared_cursor
 from ledger.receipts import apply_transition
 from ledger.states import ActorKind, RetryPolicy, State
 
@@ -316,8 +315,9 @@ def claim_next(
 ) -> Claim | None:
     """Claim the next operation due for reconciliation, or None when there is none.
 
-    Due: `outcome_unknown` whose `next_attempt_at` has come, or `reconciling` whose lease
-    has expired (its worker died). Rows locked by another claimer are skipped, so many
+    Due: `reconciling` whose lease has expired (its worker died; these first), or
+    `outcome_unknown` whose `next_attempt_at` has come (the oldest due first). Rows locked
+    by another claimer are skipped, so many
     workers never claim the same operation. The claim moves it to `reconciling` (a
     take-over keeps it there) under a new, larger token of `reconcile:<operation_id>`.
     """
@@ -331,24 +331,45 @@ def claim_next(
             skip.add(exc.operation_pk)
 
 
+# Due: reconciling whose lease has expired (its worker died; few rows, each looked up in
+# the lease's unique index), then outcome_unknown whose next attempt has come (in claim
+# order straight from the partial index operation_due_idx, so a claim reads one row rather
+# than sorting every due one). Written out once and prepared: every worker runs them before
+# every operation, and compiling them through the ORM cost more CPU than the rest of a claim.
+_CLAIM_ORPHANED = f"""
+    SELECT {audit.OPERATION_COLUMNS} FROM ledger_operation
+     WHERE state = '{State.RECONCILING}'
+       AND NOT EXISTS (SELECT 1 FROM ledger_lease
+                        WHERE resource = 'reconcile:' || ledger_operation.operation_id
+                          AND expires_at > statement_timestamp())
+       AND NOT (id = ANY(%s::bigint[]))
+     ORDER BY id
+     LIMIT 1
+       FOR UPDATE OF ledger_operation SKIP LOCKED
+"""
+_CLAIM_UNKNOWN = f"""
+    SELECT {audit.OPERATION_COLUMNS} FROM ledger_operation
+     WHERE state = '{State.OUTCOME_UNKNOWN}'
+       AND (next_attempt_at IS NULL OR next_attempt_at <= %s)
+       AND NOT (id = ANY(%s::bigint[]))
+     ORDER BY next_attempt_at ASC NULLS FIRST, id
+     LIMIT 1
+       FOR UPDATE OF ledger_operation SKIP LOCKED
+"""
+
+
 def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | None:
-    now = timezone.now()
-    live_lease = Lease.objects.filter(
-        resource=Concat(Value("reconcile:"), OuterRef("operation_id")), expires_at__gt=Now()
-    )
-    due = Q(state=State.OUTCOME_UNKNOWN) & (
-        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
-    ) | Q(state=State.RECONCILING) & ~Exists(live_lease)
     with transaction.atomic(durable=True):
-        candidates = list(
-            Operation.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(due)
-            .exclude(pk__in=skip)
-            .order_by(F("next_attempt_at").asc(nulls_first=True), "id")[:1]
-        )
-        if not candidates:
+        excluded = sorted(skip)
+        with prepared_cursor() as cursor:
+            cursor.execute(_CLAIM_ORPHANED, [excluded])
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute(_CLAIM_UNKNOWN, [timezone.now(), excluded])
+                row = cursor.fetchone()
+        if row is None:
             return None
-        op = candidates[0]
+        op = audit.operation_from_row(row)
         resource = f"reconcile:{op.operation_id}"
         previous_owner = ""
         if op.state == State.RECONCILING:
@@ -397,7 +418,8 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
         reason += f"; taken over from {claim.taken_over_from} after its lease expired"
     with transaction.atomic(durable=True):
         # Lock the row before the lease, in the order claims take them (no deadlock).
-        list(Operation.objects.select_for_update().filter(pk=op.pk).values_list("pk"))
+        with prepared_cursor() as cursor:
+            cursor.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE", [op.pk])
         apply_transition(
             op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=claim.worker,
             reason=reason, fencing_token=claim.token, fencing_resource=claim.resource,
@@ -520,6 +542,21 @@ def run_once(
 # --- crashed senders -------------------------------------------------------------------------
 
 
+# Submitted before the cutoff, and no live lease on the run (or no run). Every pass of
+# every worker runs it first, so it is written out once and prepared, as _CLAIM is.
+_STALE = f"""
+    SELECT {audit.operation_columns("o")}, r.run_id, l.owner, l.expires_at
+      FROM ledger_operation o
+      LEFT JOIN ledger_run r ON r.id = o.run_id
+      LEFT JOIN ledger_lease l ON l.resource = 'run:' || r.run_id
+     WHERE o.state = '{State.SUBMITTED}' AND o.submitted_at < %s
+       AND (o.run_id IS NULL OR l.id IS NULL OR l.expires_at <= statement_timestamp())
+     ORDER BY o.submitted_at, o.id
+     LIMIT %s
+       FOR UPDATE OF o SKIP LOCKED
+"""
+
+
 def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
     """`submitted` operations older than `older_than` whose sender is gone -> outcome_unknown.
 
@@ -529,21 +566,14 @@ def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
     if not isinstance(older_than, timedelta) or older_than < timedelta(0):
         raise InvalidInput(f"expected older_than to be a timedelta >= 0, found {older_than!r}")
     cutoff = timezone.now() - older_than
-    run_lease = Lease.objects.filter(resource=Concat(Value("run:"), OuterRef("run__run_id")))
     moved = 0
     with transaction.atomic(durable=True):
-        stale = (
-            Operation.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(state=State.SUBMITTED, submitted_at__lt=cutoff)
-            .filter(Q(run__isnull=True) | ~Exists(run_lease.filter(expires_at__gt=Now())))
-            .annotate(
-                run_name=F("run__run_id"),
-                lease_owner=Subquery(run_lease.values("owner")[:1]),
-                lease_expired_at=Subquery(run_lease.values("expires_at")[:1]),
-            )
-            .order_by("submitted_at", "id")[:limit]
-        )
-        for op in stale:
+        with prepared_cursor() as cursor:
+            cursor.execute(_STALE, [cutoff, limit])
+            rows = cursor.fetchall()
+        for row in rows:
+            op = audit.operation_from_row(row)
+            op.run_name, op.lease_owner, op.lease_expired_at = row[-3:]
             reason = _why_gone(op, older_than)
             apply_transition(
                 op, State.OUTCOME_UNKNOWN, actor_kind=ActorKind.SYSTEM,

@@ -140,6 +140,12 @@ class Operation(models.Model):
         indexes = [
             models.Index(fields=["state", "state_changed_at", "id"], name="operation_queue_idx"),
             models.Index(fields=["state", "next_attempt_at"], name="operation_reconcile_idx"),
+            # A reconciler's claim: the next due outcome_unknown operation, in claim order,
+            # without sorting every due row (ledger.reconcile._CLAIM_UNKNOWN).
+            models.Index(
+                models.F("next_attempt_at").asc(nulls_first=True), models.F("id").asc(),
+                name="operation_due_idx", condition=models.Q(state=State.OUTCOME_UNKNOWN),
+            ),
             models.Index(
                 fields=["tenant", "operation", "intent_fingerprint"],
                 name="operation_fingerprint_idx",

@@ -389,9 +389,12 @@ def test_sweep_turns_old_submissions_of_gone_senders_into_outcome_unknown_and_sa
     live_run = Run.objects.create(run_id="run-live")
     leases.acquire("run:run-live", "agent-2", timedelta(minutes=5))
     of_live_run = OperationFactory(state=State.SUBMITTED, run=live_run)
+    of_unleased_run = OperationFactory(state=State.SUBMITTED,
+                                       run=Run.objects.create(run_id="run-unleased"))
 
     assert reconcile.sweep_stale_submissions(older_than=timedelta(hours=1)) == 0
-    assert reconcile.sweep_stale_submissions(older_than=timedelta(0)) == 2
+    assert reconcile.sweep_stale_submissions(older_than=timedelta(0)) == 3
+    assert "run:run-unleased was never leased" in last_event(of_unleased_run).reason
     for op in (orphan, of_dead_run, of_live_run):
         op.refresh_from_db()
     assert (orphan.state, of_dead_run.state, of_live_run.state) == (

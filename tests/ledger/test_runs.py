@@ -211,9 +211,9 @@ def test_resume_returns_the_hand_off_view_from_the_records(run):
 def test_resume_reads_a_busy_run_in_a_fixed_number_of_queries(run, django_assert_num_queries):
     _busy_run(run)
     # The run, the lease upsert, six reads (steps, their dependencies, operations,
-    # obligations, facts, conflicts), and two savepoint pairs (the test's transaction
-    # turns both atomic blocks into savepoints).
-    with django_assert_num_queries(12):
+    # obligations, facts, conflicts), and one savepoint pair (the test's transaction turns
+    # resume's atomic block into a savepoint; the lease upsert needs none).
+    with django_assert_num_queries(10):
         view = runs.resume("run-17", worker="worker-b")
         view.as_dict()
     # Reading without the lease: the run, the lease, and the same six reads.
