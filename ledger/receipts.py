@@ -104,8 +104,8 @@ def record_intent(
     _check_text(idempotency_key, "idempotency_key", max_length=200)
     run_obj, step_obj = _resolve_run_and_step(run, step, tenant)
 
-    # Each statement below stands alone: the look-up only saves a replay the insert, and the
-    # insert is one statement that keeps its key with ON CONFLICT (see _one_statement).
+    # Each statement below stands alone (see _one_statement): the look-up spares a replay
+    # the insert, and the insert keeps the key unique by itself (ON CONFLICT DO NOTHING).
     with _one_statement():
         existing = _existing(tenant, operation, idempotency_key)
         if existing is None:
