@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger import chain, receipts, retention
+from ledger.errors import InvalidInput
 from ledger.models import Evidence, Operation, OperationEvent, PurgeRun
 from ledger.states import TERMINAL, State
 from tests.factories import OperationFactory
@@ -83,6 +84,35 @@ def test_purge_shows_progress_per_batch(thirty_days, capsys):
     assert "purged 4 operations so far" in out
     assert "purged 5 operations so far" in out
     assert "purged 5 operations, redacted 0, in 1 policies" in out
+
+
+@pytest.mark.django_db
+def test_the_command_pauses_after_each_batch_outside_its_transaction(thirty_days, monkeypatch):
+    for _ in range(5):
+        aged(State.REJECTED, 40)
+    slept = []
+
+    def sleep(seconds):
+        slept.append((seconds, Operation.objects.count()))
+
+    monkeypatch.setattr(retention.time, "sleep", sleep)
+    call_command("purge", "--batch", "2", "--pause-ms", "25", actor="cron")
+    # After each of the three batches, with that batch already committed and visible.
+    assert slept == [(0.025, 3), (0.025, 1), (0.025, 0)]
+    slept.clear()
+    call_command("purge", "--batch", "2", actor="cron")  # nothing left: no batch, no pause
+    assert slept == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("pause", [timedelta(seconds=-1), timedelta(minutes=2), 0.01])
+def test_a_pause_out_of_range_is_refused_before_anything_is_written(thirty_days, pause):
+    aged(State.REJECTED, 40)
+    with pytest.raises(InvalidInput, match="expected pause to be a timedelta"):
+        retention.purge(actor="cron", pause=pause)
+    assert not PurgeRun.objects.exists() and Operation.objects.count() == 1
+    with pytest.raises(CommandError, match="expected --pause-ms of 0 or more, found -5"):
+        call_command("purge", "--pause-ms", "-5")
 
 
 @pytest.mark.django_db

@@ -1,12 +1,15 @@
-"""manage.py purge [--dry-run] [--batch N]: apply every retention policy now."""
+"""manage.py purge [--dry-run] [--batch N] [--pause-ms MS]: apply every retention policy now."""
 
 import getpass
 import socket
+from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger import retention
 from ledger.errors import LedgerError
+
+DEFAULT_PAUSE_MS = int(retention.POLITE_PAUSE.total_seconds() * 1000)
 
 
 class Command(BaseCommand):
@@ -21,14 +24,21 @@ class Command(BaseCommand):
                             help="count what would be purged and redacted; change nothing")
         parser.add_argument("--batch", type=int, default=500,
                             help="operations per transaction (default 500)")
+        parser.add_argument("--pause-ms", type=int, default=DEFAULT_PAUSE_MS,
+                            help="milliseconds to wait after each batch, so agents writing "
+                                 f"meanwhile keep their latency (default {DEFAULT_PAUSE_MS}; "
+                                 "0 purges flat out)")
         parser.add_argument("--actor", default="",
                             help="who runs it, for the PurgeRun record (default user@host)")
 
-    def handle(self, *args, dry_run, batch, actor, verbosity, **options):
+    def handle(self, *args, dry_run, batch, pause_ms, actor, verbosity, **options):
         actor = actor or f"manage.py purge ({getpass.getuser()}@{socket.gethostname()})"
         say = self.stdout.write if verbosity > 0 else None
+        if pause_ms < 0:
+            raise CommandError(f"expected --pause-ms of 0 or more, found {pause_ms}")
         try:
-            result = retention.purge(actor=actor, batch=batch, dry_run=dry_run, progress=say)
+            result = retention.purge(actor=actor, batch=batch, dry_run=dry_run, progress=say,
+                                     pause=timedelta(milliseconds=pause_ms))
         except LedgerError as exc:
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
