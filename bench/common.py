@@ -53,6 +53,31 @@ def _ensure_database() -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DATABASE)))
 
 
+def quiet_server(timeout: float = 120.0) -> None:
+    """Let the server finish the background work earlier benchmarks left it, before measuring.
+
+    A purge of a million rows keeps autovacuum and the checkpointer writing for minutes;
+    measured meanwhile, the side that writes to the purged tables pays for it. Forces a
+    checkpoint (where the role may) and waits for autovacuum workers to finish.
+    """
+    from django.db import DatabaseError, connection, transaction
+
+    with connection.cursor() as cursor:
+        try:
+            with transaction.atomic():
+                cursor.execute("CHECKPOINT")
+        except DatabaseError:
+            pass  # CHECKPOINT needs superuser or pg_checkpoint: then only wait
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity"
+                           " WHERE backend_type = 'autovacuum worker'")
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(1)
+    print(f"note: autovacuum still busy after {timeout:.0f} s; measuring anyway", flush=True)
+
+
 def parse_args(description: str, **extra) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scale", choices=["quick", "full"], default="quick",
