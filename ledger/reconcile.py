@@ -420,6 +420,15 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
         # Lock the row before the lease, in the order claims take them (no deadlock).
         with prepared_cursor() as cursor:
             cursor.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE", [op.pk])
+        leases.check(claim.resource, claim.token)
+        Evidence.objects.create(
+            operation=op, reconciler=outcome.reconciler[:200], query=outcome.query,
+            observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
+            detail=outcome.detail, created_at=now,
+        )
+        leases.release(claim.resource, claim.worker, claim.token)
+        # Last: the transition links the tenant's audit chain, whose head stays locked to
+        # the commit, and every writer of the tenant waits for it.
         apply_transition(
             op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=claim.worker,
             reason=reason, fencing_token=claim.token, fencing_resource=claim.resource,
@@ -427,12 +436,6 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
             evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
                       "matched_by": outcome.matched_by},
         )
-        Evidence.objects.create(
-            operation=op, reconciler=outcome.reconciler[:200], query=outcome.query,
-            observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
-            detail=outcome.detail, created_at=now,
-        )
-        leases.release(claim.resource, claim.worker, claim.token)
     return op
 
 
@@ -543,7 +546,7 @@ def run_once(
 
 
 # Submitted before the cutoff, and no live lease on the run (or no run). Every pass of
-# every worker runs it first, so it is written out once and prepared, as _CLAIM is.
+# every worker runs it first, so it is written out once and prepared, as the claims are.
 _STALE = f"""
     SELECT {audit.operation_columns("o")}, r.run_id, l.owner, l.expires_at
       FROM ledger_operation o
