@@ -21,12 +21,21 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Stopwatch, interleave, ms, parse_args, print_table, record, setup_django
+from bench.common import (
+    Stopwatch,
+    interleave,
+    ms,
+    parse_args,
+    print_table,
+    quiet_server,
+    record,
+    setup_django,
+)
 
 # (unresolved operations, all operations): the queue's work stays the same, history grows.
 SCALES = {"quick": (10_000, 200_000), "full": (10_000, 1_000_000)}
 BATCH = 100_000
-ROUNDS = {"quick": 15, "full": 25}
+ROUNDS = {"quick": 25, "full": 25}
 
 # The unresolved work (the first %(unresolved)s operations: half outcome_unknown, half
 # manual_review, every tenth of those ambiguous, a few duplicate pairs that both succeeded)
@@ -201,6 +210,7 @@ def main() -> dict:
     for size, first, last in (("small", 1, small), ("large", small + 1, large)):
         print(f"seeding up to {last:,} operations", flush=True)
         seed(tag, first, last, unresolved=small)
+        quiet_server()  # the pages are measured, not the server still writing out the load
         # the same kind of operation each time: the newest manual_review one
         op = Operation.objects.filter(state="manual_review").order_by("-id").first()
         urls = {
