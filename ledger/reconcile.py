@@ -317,9 +317,9 @@ def claim_next(
 
     Due: `reconciling` whose lease has expired (its worker died; these first), or
     `outcome_unknown` whose `next_attempt_at` has come (the oldest due first). Rows locked
-    by another claimer are skipped, so many
-    workers never claim the same operation. The claim moves it to `reconciling` (a
-    take-over keeps it there) under a new, larger token of `reconcile:<operation_id>`.
+    by another claimer are skipped, so many workers never claim the same operation. The
+    claim moves it to `reconciling` (a take-over keeps it there) under a new, larger token
+    of `reconcile:<operation_id>`.
     """
     _check_worker(worker)
     autodiscover()
@@ -407,8 +407,8 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
     """Store `outcome` as Evidence and move the claimed operation, fenced by the claim's lease.
 
     One transaction: the lease token is checked (StaleFencingToken if another worker took
-    the operation over; then nothing at all is written), the transition and its event, the
-    Evidence row, and the release of the lease. Returns the updated operation.
+    the operation over; then nothing at all is written), the Evidence row, the release of
+    the lease, and the transition and its event. Returns the updated operation.
     """
     op = claim.operation
     cls = _registry.get(op.operation) or Reconciler
