@@ -406,9 +406,9 @@ def _check_worker(worker: Any) -> None:
 def settle(claim: Claim, outcome: Outcome) -> Operation:
     """Store `outcome` as Evidence and move the claimed operation, fenced by the claim's lease.
 
-    One transaction: the lease token is checked (StaleFencingToken if another worker took
-    the operation over; then nothing at all is written), the Evidence row, the release of
-    the lease, and the transition and its event. Returns the updated operation.
+    One transaction: the Evidence row, the release of the lease (StaleFencingToken if
+    another worker took the operation over; the transaction then rolls back and nothing at
+    all is written), and the fenced transition and its event. Returns the updated operation.
     """
     op = claim.operation
     cls = _registry.get(op.operation) or Reconciler
@@ -420,7 +420,6 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
         # Lock the row before the lease, in the order claims take them (no deadlock).
         with prepared_cursor() as cursor:
             cursor.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE", [op.pk])
-        leases.check(claim.resource, claim.token)
         Evidence.objects.create(
             operation=op, reconciler=outcome.reconciler[:200], query=outcome.query,
             observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
