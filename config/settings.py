@@ -100,10 +100,11 @@ else:
 
     DATABASES = {"default": database_settings(BASE_DIR)}
 
-# The ledger's hot writes (ledger.audit) are bound on the server and prepared once per
-# connection, so PostgreSQL plans them once instead of at every receipt (bench/ P1 measures
-# it). Django's own queries keep client-side binding and are never prepared. Behind a
-# transaction-pooling PgBouncer older than 1.21, set LEDGER_PREPARED_STATEMENTS=0.
+# The ledger's hot statements (ledger/prepared.py: receipts, claims, leases) are bound on
+# the server and prepared once per connection, so PostgreSQL plans them once instead of at
+# every call (bench/ P1 and P3 measure it). Django's own queries keep client-side binding
+# and are never prepared. Behind a transaction-pooling PgBouncer older than 1.21, set
+# LEDGER_PREPARED_STATEMENTS=0.
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "prepare_threshold", 0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "1") != "0" else None
 )

@@ -431,13 +431,13 @@ def purge(
     say = progress or (lambda message: None)
     ordered = policies_by_specificity()
     result = PurgeResult()
+    between = _pauser(pause)
     for policy in ordered:
         run = _start_run(policy, actor=actor, batch=batch, dry_run=dry_run)
         result.runs.append(run)
         if dry_run:
             _record_dry_run(run, _preview_one(policy, ordered, now))
         else:
-            between = _pauser(pause)
             _purge_policy(run, policy, ordered, now, batch, say, result, between)
             _redact_policy(run, policy, ordered, now, batch, say, result, between)
         run.finished_at = timezone.now()
