@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install migrate lint bench db-stop clean
+.PHONY: demo test install migrate lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -25,6 +25,12 @@ migrate: install
 demo: migrate
 	$(PY) manage.py demo_seed
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
+
+# Production-style serving: migrations, static files, then gunicorn (config/gunicorn.conf.py)
+# with uvicorn workers on config.asgi. Bind address: PORT / GUNICORN_BIND.
+serve: migrate
+	$(PY) manage.py collectstatic --no-input --verbosity 0
+	PORT=$(PORT) $(VENV)/bin/gunicorn -c config/gunicorn.conf.py config.asgi:application
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

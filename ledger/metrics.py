@@ -1,0 +1,151 @@
+"""Prometheus metrics of the ledger, read from the database at each scrape (`/metrics`).
+
+Every web process answers for the whole deployment, so the metrics are gauges computed
+from PostgreSQL, not counters kept in one process's memory. A collector is a function
+`collector(now) -> Iterable[Metric]`; `COLLECTORS` lists them and `@register` adds one
+(a later component, e.g. notifications or an audit sealer, registers its own). Each runs
+a fixed number of index-backed queries; none counts the operations or events table as a
+whole (the test pins the query count of a scrape):
+
+- `ledger_operations{tenant,state}`: operations per tenant in each *non-terminal* state
+  (the partial states are small and indexed); terminal states grow without bound, so the
+  table's size comes as one planner estimate, `ledger_operations_estimated_rows`.
+- `ledger_oldest_waiting_seconds{queue}`: age of the oldest item waiting in each desk
+  queue (outcome_unknown, manual_review, open fact conflicts, overdue obligations).
+- `ledger_outcome_unknown_ratio{tenant}` over the last `WINDOW`: transitions into
+  outcome_unknown / transitions into submitted (the share of sends with no known outcome),
+  and the two counts behind it.
+- `ledger_reconcile_backlog_seconds` / `ledger_reconcile_due_operations`: how long the head
+  of the reconcile queue has been due, and how many are due.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from django.db import connection
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ledger import health
+from ledger.states import TERMINAL, State
+
+WINDOW = timedelta(minutes=5)
+WAITING_STATES = [s for s in State.values if s not in TERMINAL]
+
+MetricCollector = Callable[[datetime], Iterable[Metric]]
+COLLECTORS: list[MetricCollector] = []
+
+
+def register(collector: MetricCollector) -> MetricCollector:
+    """Add `collector(now) -> metrics` to every later scrape; usable as a decorator."""
+    if collector not in COLLECTORS:
+        COLLECTORS.append(collector)
+    return collector
+
+
+class _LedgerCollector:
+    """Adapts `COLLECTORS` to prometheus-client's collector protocol for one scrape."""
+
+    def __init__(self, now: datetime):
+        self.now = now
+
+    def collect(self) -> Iterable[Metric]:
+        for collector in COLLECTORS:
+            yield from collector(self.now)
+
+
+def render(*, now: datetime | None = None) -> bytes:
+    """The Prometheus text exposition of every registered collector, read now."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_LedgerCollector(now or timezone.now()))
+    return generate_latest(registry)
+
+
+def _rows(sql: str, params: list | None = None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params or [])
+        return cursor.fetchall()
+
+
+# --- the collectors --------------------------------------------------------------------------
+
+
+@register
+def operations_by_state(now: datetime) -> Iterable[Metric]:
+    by_state = GaugeMetricFamily(
+        "ledger_operations", "Operations per tenant in each non-terminal state",
+        labels=["tenant", "state"])
+    for tenant, state, count in _rows(
+        "SELECT tenant, state, count(*) FROM ledger_operation WHERE state = ANY(%s)"
+        " GROUP BY tenant, state ORDER BY tenant, state", [WAITING_STATES]):
+        by_state.add_metric([tenant, state], count)
+    yield by_state
+    estimate = _rows("SELECT greatest(reltuples, 0)::bigint FROM pg_class"
+                     " WHERE oid = 'ledger_operation'::regclass")
+    yield GaugeMetricFamily(
+        "ledger_operations_estimated_rows",
+        "Operations in every state, the planner's estimate (updated by autovacuum/analyze)",
+        value=estimate[0][0] if estimate else 0)
+
+
+@register
+def oldest_waiting(now: datetime) -> Iterable[Metric]:
+    family = GaugeMetricFamily(
+        "ledger_oldest_waiting_seconds",
+        "Age of the oldest item waiting in each desk queue (0 when the queue is empty)",
+        labels=["queue"])
+    (unknown, review, conflict, overdue), = _rows(
+        f"""SELECT
+              (SELECT min(state_changed_at) FROM ledger_operation
+                WHERE state = '{State.OUTCOME_UNKNOWN}'),
+              (SELECT min(state_changed_at) FROM ledger_operation
+                WHERE state = '{State.MANUAL_REVIEW}'),
+              (SELECT min(created_at) FROM ledger_factconflict WHERE state = 'open'),
+              (SELECT min(deadline) FROM ledger_obligation
+                WHERE state = 'open' AND deadline < %s)""", [now])
+    for queue, since in (("outcome_unknown", unknown), ("manual_review", review),
+                         ("fact_conflict", conflict), ("overdue_obligation", overdue)):
+        family.add_metric([queue], max(0.0, (now - since).total_seconds()) if since else 0.0)
+    yield family
+
+
+@register
+def outcome_unknown_rate(now: datetime) -> Iterable[Metric]:
+    window = int(WINDOW.total_seconds())
+    ratio = GaugeMetricFamily(
+        "ledger_outcome_unknown_ratio",
+        f"Transitions into outcome_unknown / into submitted over the last {window} s",
+        labels=["tenant"])
+    unknown = GaugeMetricFamily(
+        "ledger_outcome_unknown_recent", f"Transitions into outcome_unknown in the last {window} s",
+        labels=["tenant"])
+    submitted = GaugeMetricFamily(
+        "ledger_submitted_recent", f"Transitions into submitted in the last {window} s",
+        labels=["tenant"])
+    for tenant, n_submitted, n_unknown in _rows(
+        f"""SELECT tenant, count(*) FILTER (WHERE to_state = '{State.SUBMITTED}'),
+                   count(*) FILTER (WHERE to_state = '{State.OUTCOME_UNKNOWN}')
+              FROM ledger_operationevent
+             WHERE created_at > %s AND to_state IN ('{State.SUBMITTED}', '{State.OUTCOME_UNKNOWN}')
+             GROUP BY tenant ORDER BY tenant""", [now - WINDOW]):
+        submitted.add_metric([tenant], n_submitted)
+        unknown.add_metric([tenant], n_unknown)
+        ratio.add_metric([tenant], n_unknown / n_submitted if n_submitted else 0.0)
+    yield from (ratio, unknown, submitted)
+
+
+@register
+def reconcile_lag(now: datetime) -> Iterable[Metric]:
+    yield GaugeMetricFamily(
+        "ledger_reconcile_backlog_seconds",
+        "How long the operation at the head of the reconcile queue has been due",
+        value=health.reconcile_backlog_seconds(now))
+    due = _rows(f"""SELECT count(*) FROM ledger_operation
+                     WHERE state = '{State.OUTCOME_UNKNOWN}'
+                       AND (next_attempt_at IS NULL OR next_attempt_at <= %s)""", [now])
+    yield GaugeMetricFamily("ledger_reconcile_due_operations",
+                            "outcome_unknown operations due for reconciliation now",
+                            value=due[0][0])
