@@ -57,11 +57,12 @@ class _LedgerCollector:
             yield from collector(self.now)
 
 
-def render(*, now: datetime | None = None) -> bytes:
-    """The Prometheus text exposition of every registered collector, read now."""
+def render(*, now: datetime | None = None,
+           encoder: Callable[[CollectorRegistry], bytes] = generate_latest) -> bytes:
+    """Every registered collector, read now, in Prometheus' text format (or `encoder`'s)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_LedgerCollector(now or timezone.now()))
-    return generate_latest(registry)
+    return encoder(registry)
 
 
 def _rows(sql: str, params: list | None = None) -> list[tuple]:

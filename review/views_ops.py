@@ -16,7 +16,7 @@ from django.contrib.auth.decorators import login_not_required
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
 
 from ledger import health, metrics
 
@@ -55,4 +55,6 @@ def metrics_view(request):
                         "expected `Authorization: Bearer <LEDGER_METRICS_TOKEN>`, "
                         f"found {'a different token' if given else 'no bearer token'}",
                         WWW_Authenticate='Bearer realm="metrics"')
-    return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
+    # The exposition format the scraper asks for (Prometheus 2 and 3, OpenMetrics).
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(metrics.render(encoder=encoder), content_type=content_type)
