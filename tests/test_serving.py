@@ -1,0 +1,168 @@
+"""`make serve`'s stack as a real server process: gunicorn with uvicorn workers on
+config.asgi, production settings, whitenoise, the connection pool, /healthz and /metrics.
+
+Talks HTTP to it over loopback, as a browser behind a TLS-terminating proxy would
+(X-Forwarded-Proto: https), keeping its own cookies.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+import pytest
+from django.db import connection
+
+from ledger.states import State
+from tests.factories import OperationFactory, UserFactory
+
+ROOT = Path(__file__).resolve().parents[1]
+PASSWORD = "served over asgi 4 real"
+TOKEN = "serving-test-metrics-token-0123456789"
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    host = quote(db["HOST"] or "127.0.0.1", safe="")
+    return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Browser:
+    """Just enough of a browser: keeps cookies, sends what a proxy in front would."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.origin = f"https://127.0.0.1:{port}"
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, body: dict | None = None,
+                headers: dict | None = None) -> tuple[http.client.HTTPResponse, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        sent = {"Host": f"127.0.0.1:{self.port}", "X-Forwarded-Proto": "https",
+                **(headers or {})}
+        if self.cookies:
+            sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        data = None
+        if body is not None:
+            data = urlencode(body)
+            sent.update({"Content-Type": "application/x-www-form-urlencoded",
+                         "Origin": self.origin, "Referer": f"{self.origin}{path}"})
+        conn.request(method, path, body=data, headers=sent)
+        response = conn.getresponse()
+        content = response.read()
+        for header in response.headers.get_all("Set-Cookie") or []:
+            name, _, rest = header.partition("=")
+            self.cookies[name.strip()] = rest.split(";", 1)[0]
+        conn.close()
+        return response, content
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"LEDGER_DATABASE_NAME", "DJANGO_ALLOW_ASYNC_UNSAFE"}}
+    env.update(
+        DJANGO_ENV="production",
+        DJANGO_SECRET_KEY="serving-test-" + "s3cr3t-" * 8,
+        DJANGO_ALLOWED_HOSTS="127.0.0.1",
+        DJANGO_SECURE_SSL_REDIRECT="0",
+        DATABASE_URL=database_url(),
+        LEDGER_STATIC_ROOT=str(tmp_path / "static"),
+        LEDGER_METRICS_TOKEN=TOKEN,
+        GUNICORN_BIND=f"127.0.0.1:{port}",
+        GUNICORN_WORKERS="2",
+        PYTHONUNBUFFERED="1",
+    )
+    collected = subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--no-input", "-v", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert collected.returncode == 0, collected.stderr
+    log = (tmp_path / "gunicorn.log").open("w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("gunicorn")), "-c", "config/gunicorn.conf.py",
+         "config.asgi:application"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("expected gunicorn to listen, found it "
+                                         f"{'exited' if proc.poll() is not None else 'silent'}:"
+                                         f"\n{(tmp_path / 'gunicorn.log').read_text()}") from None
+                time.sleep(0.2)
+        yield Browser(port), tmp_path / "gunicorn.log"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gunicorn_serves_the_desk_its_static_files_health_and_metrics_over_asgi(server):
+    browser, log = server
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN, intent={"title": "<b>served</b>"})
+    user = UserFactory(username="served-reviewer", role="reviewer")
+    user.set_password(PASSWORD)
+    user.save()
+
+    response, body = browser.request("GET", "/healthz")
+    assert response.status == 200, body
+    assert json.loads(body)["status"] == "ok"
+    assert "uvicorn" in response.headers.get("server", "")  # the ASGI worker answered
+
+    response, _ = browser.request("GET", "/")
+    assert response.status == 302 and "/accounts/login/" in response.headers["Location"]
+
+    response, body = browser.request("GET", "/accounts/login/")
+    assert response.status == 200
+    token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', body).group(1).decode()
+    stylesheet = re.search(rb'href="(/static/desk/desk\.[0-9a-f]{12}\.css)"', body)
+    assert stylesheet, "expected the hashed stylesheet name of collectstatic's manifest"
+    response, body = browser.request("POST", "/accounts/login/", {
+        "username": "served-reviewer", "password": PASSWORD, "csrfmiddlewaretoken": token})
+    assert response.status == 302, body[:2000]
+
+    response, body = browser.request("GET", "/")
+    assert response.status == 200 and op.operation_id.encode() in body
+    assert "no-store" in response.headers["Cache-Control"]
+    response, body = browser.request("GET", f"/operations/{op.operation_id}/")
+    assert response.status == 200
+    assert b"&lt;b&gt;served&lt;/b&gt;" in body and b"<b>served</b>" not in body
+
+    response, css = browser.request("GET", stylesheet.group(1).decode(),
+                                    headers={"Accept-Encoding": "gzip"})
+    assert response.status == 200 and response.headers["Content-Type"].startswith("text/css")
+    assert response.headers["Content-Encoding"] == "gzip"
+    assert "immutable" in response.headers["Cache-Control"]
+
+    response, body = browser.request("GET", "/metrics",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status == 200
+    assert b'ledger_operations{state="outcome_unknown",tenant="default"} 1.0' in body
+    response, _ = browser.request("GET", "/metrics")
+    assert response.status == 401
+    assert "Traceback" not in log.read_text()
