@@ -1,8 +1,10 @@
 """Action receipts: record the intent before the call, then its outcome.
 
-Every change is a compare-and-set on (state, version) plus one OperationEvent, in one
-transaction. A transport failure after submission is `outcome_unknown`, never "failed";
-nothing here ever retries or sends anything.
+The public API of agents and reviewers: it checks the input (and a person's rights), then
+hands the change to `ledger.transitions`, which writes every change of an operation (a
+compare-and-set on (state, version) plus one OperationEvent, in one statement). A
+transport failure after submission is `outcome_unknown`, never "failed"; nothing here ever
+retries or sends anything.
 """
 
 from __future__ import annotations
@@ -11,25 +13,23 @@ import hashlib
 import re
 import secrets
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import access, audit, leases, states
+from ledger import access, rows, states, transitions
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidInput,
-    StaleVersion,
 )
-from ledger.models import Operation, OperationEvent, Run, Step
+from ledger.models import Operation, Run, Step
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
-from ledger.states import ActorKind, RetryPolicy, State
+from ledger.states import RetryPolicy, State
 
 _OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
 
@@ -104,9 +104,9 @@ def record_intent(
     _check_text(idempotency_key, "idempotency_key", max_length=200)
     run_obj, step_obj = _resolve_run_and_step(run, step, tenant)
 
-    # Each statement below stands alone (see _one_statement): the look-up spares a replay
-    # the insert, and the insert keeps the key unique by itself (ON CONFLICT DO NOTHING).
-    with _one_statement():
+    # Each statement below stands alone (see transitions.single_statement): the look-up
+    # spares a replay the insert, and the insert keeps the key unique by itself.
+    with transitions.single_statement():
         existing = _existing(tenant, operation, idempotency_key)
         if existing is None:
             now = timezone.now()
@@ -124,17 +124,9 @@ def record_intent(
                 created_at=now,
                 state_changed_at=now,
             )
-            # ON CONFLICT DO NOTHING: a concurrent recorder of the same key loses quietly
-            # and reads the winner's row below, so no IntegrityError escapes.
-            candidate.pk = audit.insert_operation_with_event(
-                {f.attname: getattr(candidate, f.attname)
-                 for f in Operation._meta.concrete_fields if not f.primary_key},
-                audit.event_values(from_state="", to_state=State.PLANNED, version=1,
-                                   actor_kind=ActorKind.AGENT, actor_id=actor or "",
-                                   reason="intent recorded", now=now),
-            )
-            if candidate.pk is not None:
-                candidate._state.adding = False
+            # A concurrent recorder of the same key loses quietly (nothing written) and
+            # reads the winner's row below.
+            if transitions.record(candidate, actor=actor or ""):
                 return candidate
             existing = _existing(tenant, operation, idempotency_key)
         if existing.intent_fingerprint != intent_fingerprint:
@@ -149,7 +141,7 @@ def record_intent(
 
 
 _EXISTING = (
-    f"SELECT {audit.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
+    f"SELECT {rows.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
     " WHERE tenant = %s AND operation = %s AND idempotency_key = %s AND idempotency_key > ''"
 )
 
@@ -161,22 +153,7 @@ def _existing(tenant: str, operation: str, key: str) -> Operation | None:
     with prepared_cursor() as cursor:
         cursor.execute(_EXISTING, [tenant, operation, key])
         row = cursor.fetchone()
-    return None if row is None else audit.operation_from_row(row)
-
-
-def _one_statement() -> AbstractContextManager:
-    """The transaction of an agent's write that is a single SQL statement.
-
-    Every change here is one statement (the row, its event and its chain link: see
-    ledger.audit), and in autocommit mode PostgreSQL runs a statement as its own
-    transaction, deferred event check included; so no BEGIN and COMMIT round trips around
-    it. Inside a caller's transaction it is `atomic(durable=True)` as before, which refuses
-    to nest: a receipt must be committed before the external call, not when the caller's
-    block ends.
-    """
-    if connection.get_autocommit() and not connection.in_atomic_block:
-        return nullcontext()
-    return transaction.atomic(durable=True)
+    return None if row is None else rows.operation_from_row(row)
 
 
 def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
@@ -248,115 +225,7 @@ def _resolve_run_and_step(run, step, tenant: str) -> tuple[Run | None, Step | No
     return run, step
 
 
-# --- transitions -------------------------------------------------------------------------
-
-
-def apply_transition(
-    op: Operation,
-    to_state: str,
-    *,
-    actor_kind: str,
-    actor_id: str = "",
-    reason: str = "",
-    evidence: Any = None,
-    fencing_token: int | None = None,
-    expected_version: int | None = None,
-    changes: Mapping[str, Any] | None = None,
-    fencing_resource: str | None = None,
-) -> Operation:
-    """Move `op` to `to_state` inside the caller's transaction; updates `op` in place.
-
-    For ledger modules (receipts, reconcile): callers outside the ledger use the public
-    functions below. Compare-and-set on (state, version): raises IllegalTransition when the
-    table forbids the move, StaleVersion when someone else changed the row first,
-    StaleFencingToken when `fencing_token` is not the current token of the run's lease (or,
-    when `fencing_resource` is given, of that lease: the reconciler fences with
-    `reconcile:<operation_id>`). The token is recorded on the event.
-    """
-    if not isinstance(op, Operation) or op.pk is None:
-        raise InvalidInput(f"expected a saved Operation, found {op!r}")
-    if to_state not in State.values:
-        raise InvalidInput(f"expected a state among {State.values}, found {to_state!r}")
-    from_state = op.state
-    version = op.version if expected_version is None else expected_version
-    if not states.is_legal(from_state, to_state):
-        raise IllegalTransition(
-            f"illegal transition of operation {op.operation_id}: expected {from_state} -> one "
-            f"of {states.targets(from_state) or ['none (terminal)']}, found {from_state} -> "
-            f"{to_state}",
-            from_state=from_state,
-            to_state=to_state,
-        )
-    if fencing_token is not None and fencing_resource is not None:
-        leases.check(fencing_resource, fencing_token)
-    elif fencing_token is not None:
-        if op.run_id is None:
-            raise InvalidInput(
-                f"expected operation {op.operation_id} to belong to a run when a fencing_token "
-                "is given, found run=None"
-            )
-        leases.check_run(op.run_id, fencing_token)
-    now = timezone.now()
-    fields: dict[str, Any] = dict(changes or {})
-    fields.update(state=to_state, version=version + 1, state_changed_at=now)
-    if to_state in states.TERMINAL:
-        fields["completed_at"] = now
-    if to_state == State.SUBMITTED:
-        fields.setdefault("submitted_at", now)
-    if to_state == State.OUTCOME_UNKNOWN and from_state == State.SUBMITTED:
-        fields["unknown_since"] = now
-    event = audit.event_values(
-        from_state=from_state, to_state=to_state, version=version + 1, actor_kind=actor_kind,
-        actor_id=actor_id, reason=reason, evidence=evidence, fencing_token=fencing_token, now=now,
-    )
-    conflict = audit.update_operation_with_event(
-        op, state=from_state, version=version, changes=fields, event=event,
-        mark_duplicates=to_state == State.SUCCEEDED,
-    )
-    if conflict is None:
-        raise _stale(op, from_state, version)
-    fields["conflict"] = conflict
-    for name, value in fields.items():
-        setattr(op, name, value)
-    return op
-
-
-def _stale(op: Operation, state: str, version: int) -> StaleVersion:
-    current = Operation.objects.filter(pk=op.pk).first()
-    if current is None:
-        return StaleVersion(
-            f"expected operation {op.operation_id} at version {version} ({state}), found it gone"
-        )
-    last = OperationEvent.objects.filter(operation=current).order_by("-version").first()
-    who = ""
-    if last is not None:
-        who = (
-            f", last changed by {last.actor_kind} {last.actor_id or '(unnamed)'} at "
-            f"{last.created_at.isoformat()}"
-            + (f": {last.reason}" if last.reason else "")
-        )
-    return StaleVersion(
-        f"expected operation {op.operation_id} at version {version} ({state}), found version "
-        f"{current.version} ({current.state}){who}",
-        current=current,
-        last_event=last,
-    )
-
-
-def _agent_transition(op, to_state, *, actor: str | None = None, **kwargs) -> Operation:
-    if (op.state, to_state) in states.HUMAN_ONLY:
-        raise IllegalTransition(
-            f"expected a person to move operation {op.operation_id} from {op.state} to "
-            f"{to_state} (receipts.resolve), found an agent trying to",
-            from_state=op.state,
-            to_state=to_state,
-        )
-    # A fenced write checks the lease in the same transaction as the change: two statements.
-    fenced = kwargs.get("fencing_token") is not None
-    with transaction.atomic(durable=True) if fenced else _one_statement():
-        return apply_transition(
-            op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "", **kwargs
-        )
+# --- an agent's outcomes ------------------------------------------------------------------
 
 
 def mark_submitted(op: Operation, *, fencing_token: int | None = None) -> Operation:
@@ -367,7 +236,7 @@ def mark_submitted(op: Operation, *, fencing_token: int | None = None) -> Operat
                    "error_code": "", "error_detail": "", "unknown_since": None,
                    "next_attempt_at": None, "reconcile_attempts": 0, "reconcile_failures": 0}
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
-    return _agent_transition(
+    return transitions.by_agent(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes
     )
 
@@ -384,7 +253,7 @@ def mark_succeeded(
     if external_id is not None:
         _check_text(external_id, "external_id", max_length=500)
         changes["external_id"] = external_id
-    return _agent_transition(
+    return transitions.by_agent(
         op, State.SUCCEEDED, fencing_token=fencing_token, evidence=evidence,
         reason="the external system confirmed it", changes=changes,
     )
@@ -409,7 +278,7 @@ def _outcome(op, to_state, error_code, detail, fencing_token) -> Operation:
     if not isinstance(detail, str):
         raise InvalidInput(f"expected detail to be a string, found {type(detail).__name__}")
     detail = scrub_text(detail)
-    return _agent_transition(
+    return transitions.by_agent(
         op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
         changes={"error_code": error_code, "error_detail": detail},
     )
@@ -499,7 +368,7 @@ def resolve(
             doing=f"mark {op.operation_id} safe to retry despite its retry policy 'never'",
         )
     if expected_version is not None and expected_version != op.version:
-        raise _stale(op, op.state, expected_version)
+        raise transitions.stale_version_error(op, op.state, expected_version)
     if op.state not in states.NEEDS_REVIEW:
         raise IllegalTransition(
             f"expected operation {op.operation_id} in one of {sorted(states.NEEDS_REVIEW)} to "
@@ -513,8 +382,7 @@ def resolve(
         changes["external_id"] = external_id
     if op.conflict == Conflict.AMBIGUOUS:
         changes["conflict"] = ""  # a person has decided between the matches
-    with transaction.atomic(durable=True):
-        return apply_transition(
-            op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
-            reason=reason.strip(), expected_version=expected_version, changes=changes,
-        )
+    return transitions.by_person(
+        op, to_state, user=user, reason=reason.strip(), expected_version=expected_version,
+        changes=changes,
+    )

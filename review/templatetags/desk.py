@@ -6,7 +6,7 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ledger.states import State
+from ledger.states import QUEUE_STATES, State
 
 register = template.Library()
 
@@ -37,6 +37,14 @@ def state_badge(state: str):
     """A badge that says the state in words; the colour only repeats it."""
     label = State(state).label if state in State.values else state
     return format_html('<span class="badge badge-{}">{}</span>', state, label)
+
+
+@register.simple_tag
+def queue_counts(counts: dict) -> list[tuple[str, int]]:
+    """(state, count) for each state the queue waits on a person for, in the order of
+    `ledger.states.QUEUE_STATES` (derived from the state table)."""
+    counts = counts if isinstance(counts, dict) else {}
+    return [(state, counts.get(state, 0)) for state in QUEUE_STATES]
 
 
 @register.simple_tag

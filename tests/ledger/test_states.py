@@ -6,7 +6,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
-from ledger import receipts, states
+from ledger import receipts, states, transitions
 from ledger.errors import IllegalTransition
 from ledger.models import Operation, OperationEvent
 from ledger.states import ActorKind, State
@@ -43,7 +43,7 @@ def test_every_legal_transition_is_accepted_and_evented(from_state, to_state):
     op = OperationFactory(state=from_state)
     version = op.version
     with transaction.atomic():
-        receipts.apply_transition(op, to_state, actor_kind=ActorKind.SYSTEM, reason="test")
+        transitions._apply(op, to_state, actor_kind=ActorKind.SYSTEM, reason="test")
     immediate_constraints()
     op.refresh_from_db()
     assert (op.state, op.version) == (to_state, version + 1)
@@ -57,7 +57,7 @@ def test_every_illegal_transition_is_refused_by_the_api(from_state, to_state):
     op = OperationFactory(state=from_state)
     events_before = OperationEvent.objects.filter(operation=op).count()
     with pytest.raises(IllegalTransition, match=f"found {from_state} -> {to_state}"):
-        receipts.apply_transition(op, to_state, actor_kind=ActorKind.SYSTEM)
+        transitions._apply(op, to_state, actor_kind=ActorKind.SYSTEM)
     op.refresh_from_db()
     assert op.state == from_state
     assert OperationEvent.objects.filter(operation=op).count() == events_before
