@@ -26,7 +26,10 @@ demo: migrate
 	$(PY) manage.py demo_seed
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
 
+# Migrations first: a model, or the transition table behind the operations trigger
+# (ledger/states.py), changed without its migration fails here.
 test: install
+	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

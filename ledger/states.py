@@ -88,10 +88,10 @@ def _check_tables() -> None:
     if set(TRANSITIONS) != known:
         raise ImproperlyConfigured(
             f"expected TRANSITIONS to have a row for every state {sorted(known)}, found rows "
-            f"for {sorted(TRANSITIONS)}"
+            f"for {sorted(map(str, TRANSITIONS))}"
         )
     for from_state, decisions in HUMAN_DECISIONS.items():
-        illegal = [to for to in decisions if to not in TRANSITIONS.get(from_state, ())]
+        illegal = [str(to) for to in decisions if to not in TRANSITIONS.get(from_state, ())]
         if illegal:
             raise ImproperlyConfigured(
                 f"expected every human decision from {from_state} to be a transition of "
