@@ -73,8 +73,9 @@ class OperationQuerySet(models.QuerySet):
 class Operation(models.Model):
     """The receipt of one external action, written before the request is sent.
 
-    Rows change only through `ledger.receipts` (and the reconciler); a trigger refuses
-    illegal transitions and version jumps even from a raw `QuerySet.update()`.
+    Rows change only through `ledger.transitions` (called by receipts and the reconciler);
+    a trigger refuses illegal transitions and version jumps even from a raw
+    `QuerySet.update()`.
     """
 
     operation_id = models.CharField(max_length=40, unique=True)
