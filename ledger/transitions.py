@@ -346,6 +346,8 @@ _LINK_NEXT = chain.hash_sql("%(link_body)s", "head.hash", "head.seq + 1")
 #               else changed it first, and then nothing below writes anything;
 #   duplicates  on a move to succeeded, the other succeeded operations of the same tenant,
 #               operation and fingerprint are marked duplicate (the row itself in `changed`);
+#               any other move skips it before reading a row (a one-time filter on the
+#               parameter, whatever plan PostgreSQL picks);
 #   linked      the next link of the tenant's chain of operation events (ledger.chain): the
 #               head row stays locked to the commit, so one tenant's writers take turns;
 #   event       the OperationEvent, carrying its link.
@@ -365,12 +367,12 @@ WITH changed AS (
                ELSE COALESCE(%(conflict)s, ledger_operation.conflict)
            END {{also_set}}
      WHERE id = %(id)s AND state = %(from_state)s AND version = %(from_version)s
-    RETURNING id, tenant, operation, intent_fingerprint, state, conflict
+    RETURNING id, tenant, operation, intent_fingerprint, conflict
 ),
 duplicates AS (
     UPDATE ledger_operation twin SET conflict = 'duplicate'
       FROM changed
-     WHERE changed.state = '{State.SUCCEEDED}'
+     WHERE %(to_state)s::varchar = '{State.SUCCEEDED}'
        AND twin.tenant = changed.tenant AND twin.operation = changed.operation
        AND twin.intent_fingerprint = changed.intent_fingerprint
        AND twin.state = '{State.SUCCEEDED}' AND twin.id <> changed.id
