@@ -318,7 +318,7 @@ def _event(
 
 
 def _db_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """`values` (attnames of Operation) as the database takes them (JSON adapted...)."""
+    """`values` (by attname of Operation) as the database takes them: JSON adapted."""
     return {name: _FIELD_BY_ATTNAME[name].get_db_prep_save(value, connection)
             for name, value in values.items()}
 
