@@ -108,11 +108,17 @@ def check_positive_duration(value: Any, name: str) -> timedelta:
     return value
 
 
-def check_duration(value: Any, name: str, *, high: timedelta) -> timedelta:
-    """A timedelta from 0 to `high`."""
-    if not isinstance(value, timedelta) or not timedelta(0) <= value <= high:
-        raise InvalidInput(f"expected {name} to be a timedelta from 0 to {high}, found {value!r}")
+def check_duration(value: Any, name: str, *, high: timedelta | None = None) -> timedelta:
+    """A timedelta from 0 to `high` (no upper bound when None)."""
+    if not isinstance(value, timedelta) or value < timedelta(0):
+        raise InvalidInput(f"expected {name} to be a timedelta {_range(high)}, found {value!r}")
+    if high is not None and value > high:
+        raise InvalidInput(f"expected {name} to be a timedelta {_range(high)}, found {value!r}")
     return value
+
+
+def _range(high: timedelta | None) -> str:
+    return ">= 0" if high is None else f"from 0 to {high}"
 
 
 def check_names(values: Iterable[str], name: str, max_length: int) -> list[str]:
