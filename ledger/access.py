@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ledger.errors import InvalidInput, PermissionDenied
+from ledger.errors import PermissionDenied
+from ledger.inputs import check_text
 from ledger.models import TenantAccess
 
 
 def grant(user, tenant: str) -> TenantAccess:
     """Let `user` see `tenant` (idempotent)."""
-    if not isinstance(tenant, str) or not tenant.strip():
-        raise InvalidInput(f"expected tenant to be a non-empty string, found {tenant!r}")
+    check_text(tenant, "tenant", 100)
     access, _ = TenantAccess.objects.get_or_create(user=user, tenant=tenant)
     user._ledger_tenants = None
     return access

@@ -28,7 +28,6 @@ from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from ledger import access
 from ledger.canonical import canonical_json
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 
@@ -315,89 +314,4 @@ def _verify_one(spec: ChainSpec, head: ChainHead) -> tuple[int, Break | None]:
 def _rows_in_order(spec: ChainSpec, tenant: str) -> Iterator[Model]:
     return (
         spec.rows().filter(tenant=tenant).order_by(spec.seq_field).iterator(chunk_size=2000)
-    )
-
-
-# --- selectors --------------------------------------------------------------------------
-
-
-def audit_status(tenants=None) -> dict[str, Any]:
-    """Chain heads (of `tenants`; None: all) and the last verification, for the desk."""
-    heads = ChainHead.objects.all()
-    if tenants is not None:
-        heads = heads.filter(tenant__in=tenants)
-    return {
-        "heads": list(heads.values("chain", "tenant", "seq", "hash")),
-        "last_verification": AuditVerification.objects.order_by("-finished_at", "-id").first(),
-    }
-
-
-@dataclass(frozen=True)
-class HeadStatus:
-    """One chain head as a user sees it, with what the last verification found for it."""
-
-    chain: str
-    tenant: str
-    seq: int
-    hash: str
-    verified_seq: int | None  # the head's seq when last verified; None: never verified
-    verified_intact: bool | None
-
-    @property
-    def short_hash(self) -> str:
-        return self.hash[:12]
-
-    @property
-    def links_since_verified(self) -> int:
-        return self.seq - (self.verified_seq or 0)
-
-
-@dataclass(frozen=True)
-class VisibleAuditStatus:
-    """`audit_status` limited to the tenants one user may see.
-
-    `is_intact` is the last verification's verdict over those tenants' chains only, and
-    `first_break` is the first broken link among them: a break in a tenant the user may not
-    see is neither shown nor hinted at. Both are None when nothing was verified yet.
-    """
-
-    heads: list[HeadStatus]
-    verification: AuditVerification | None
-    links_checked: int
-    is_intact: bool | None
-    first_break: dict[str, Any] | None
-
-
-def audit_status_for(user) -> VisibleAuditStatus:
-    """The chain heads of the tenants `user` may see and the last verification of them.
-
-    Two queries (the user's tenant grants aside), whatever the number of chains.
-    """
-    tenants = access.tenants_for(user)
-    status = audit_status(tenants)
-    verification = status["last_verification"]
-    visible = (lambda tenant: True) if tenants is None else (lambda tenant: tenant in tenants)
-    checked = {}
-    if verification is not None:
-        checked = {(h["chain"], h["tenant"]): h for h in verification.heads
-                   if visible(h["tenant"])}
-    heads = [
-        HeadStatus(
-            chain=head["chain"], tenant=head["tenant"], seq=head["seq"], hash=head["hash"],
-            verified_seq=checked.get((head["chain"], head["tenant"]), {}).get("seq"),
-            verified_intact=checked.get((head["chain"], head["tenant"]), {}).get("is_intact"),
-        )
-        for head in sorted(status["heads"], key=lambda h: (h["tenant"], h["chain"]))
-    ]
-    if verification is None:
-        return VisibleAuditStatus(heads=heads, verification=None, links_checked=0,
-                                  is_intact=None, first_break=None)
-    first_break = verification.first_break
-    if first_break is not None and not visible(first_break.get("tenant", "")):
-        first_break = None
-    return VisibleAuditStatus(
-        heads=heads, verification=verification,
-        links_checked=sum(h.get("links_checked", 0) for h in checked.values()),
-        is_intact=all(h.get("is_intact", True) for h in checked.values()),
-        first_break=first_break,
     )

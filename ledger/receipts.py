@@ -10,7 +10,6 @@ retries or sends anything.
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
@@ -19,19 +18,25 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from ledger import access, rows, states, transitions
+from ledger import access, rows, runs, states, transitions
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidInput,
 )
+from ledger.inputs import (
+    check_choice,
+    check_operation_name,
+    check_paths,
+    check_reason,
+    check_string,
+    check_text,
+)
 from ledger.models import Operation, Run, Step
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import RetryPolicy, State
-
-_OPERATION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
 
 
 def new_operation_id(now=None) -> str:
@@ -42,9 +47,8 @@ def new_operation_id(now=None) -> str:
 
 def idempotency_key(run_id: str, step_id: str) -> str:
     """A stable key derived from the run and step: the same inputs always give the same key."""
-    for name, value in (("run_id", run_id), ("step_id", step_id)):
-        if not isinstance(value, str) or not value:
-            raise InvalidInput(f"expected {name} to be a non-empty string, found {value!r}")
+    check_text(run_id, "run_id")
+    check_text(step_id, "step_id")
     digest = hashlib.sha256(f"{run_id}\x1f{step_id}".encode()).hexdigest()[:32]
     return f"ik-{digest}"
 
@@ -74,24 +78,13 @@ def record_intent(
     send again. Same key, other fingerprint: IdempotencyKeyReused. Bad input raises
     InvalidInput (a ValueError) and writes nothing.
     """
-    redact_paths = _check_paths(redact, "redact")
-    fields = None if fingerprint_fields is None else _check_paths(fingerprint_fields,
-                                                                  "fingerprint_fields")
-    _check_text(operation, "operation", max_length=200)
-    if not _OPERATION_NAME.match(operation):
-        raise InvalidInput(
-            "expected operation to be a name like 'articles.create' (letters, digits, "
-            f"'_', '.', ':', '/', '-'), found {operation!r}"
-        )
-    if not isinstance(target, str):
-        raise InvalidInput(f"expected target to be a string, found {type(target).__name__}")
-    if len(target) > 2000:
-        raise InvalidInput(f"expected target of at most 2000 characters, found {len(target)}")
-    _check_text(tenant, "tenant", max_length=100)
-    if retry_policy not in RetryPolicy.values:
-        raise InvalidInput(
-            f"expected retry_policy one of {RetryPolicy.values}, found {retry_policy!r}"
-        )
+    redact_paths = check_paths(redact, "redact")
+    fields = None if fingerprint_fields is None else check_paths(fingerprint_fields,
+                                                                 "fingerprint_fields")
+    check_operation_name(operation)
+    check_string(target, "target", 2000)
+    check_text(tenant, "tenant", 100)
+    check_choice(retry_policy, "retry_policy", RetryPolicy.values)
     if not isinstance(intent, Mapping):
         raise InvalidInput(
             f"expected intent to be a JSON object (a dict), found {type(intent).__name__}"
@@ -101,8 +94,8 @@ def record_intent(
     intent_fingerprint = fingerprint(stored_intent, fields)
     if idempotency_key is None:
         idempotency_key = f"gen-{secrets.token_hex(16)}"
-    _check_text(idempotency_key, "idempotency_key", max_length=200)
-    run_obj, step_obj = _resolve_run_and_step(run, step, tenant)
+    check_text(idempotency_key, "idempotency_key", 200)
+    run_obj, step_obj = runs.as_run_and_step(run, step, tenant=tenant)
 
     # Each statement below stands alone (see transitions.single_statement): the look-up
     # spares a replay the insert, and the insert keeps the key unique by itself.
@@ -169,62 +162,6 @@ def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any
     return stored
 
 
-def _check_text(value: Any, name: str, *, max_length: int) -> None:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInput(f"expected {name} to be a non-empty string, found {value!r}")
-    if len(value) > max_length:
-        raise InvalidInput(
-            f"expected {name} of at most {max_length} characters, found {len(value)}"
-        )
-
-
-def _check_paths(paths: Iterable[str], name: str) -> list[str]:
-    if isinstance(paths, str):
-        raise InvalidInput(f"expected {name} to be a list of dotted paths, found a string")
-    result = list(paths)
-    for path in result:
-        if not isinstance(path, str) or not path or path.startswith(".") or ".." in path:
-            raise InvalidInput(
-                f"expected each of {name} to be a dotted path like 'body.card', found {path!r}"
-            )
-    return result
-
-
-def _resolve_run_and_step(run, step, tenant: str) -> tuple[Run | None, Step | None]:
-    if isinstance(run, str):
-        try:
-            run = Run.objects.get(run_id=run)
-        except Run.DoesNotExist:
-            raise InvalidInput(f"expected run {run!r} to exist, found no such run") from None
-    elif run is not None and not isinstance(run, Run):
-        raise InvalidInput(f"expected run to be a Run or a run_id, found {type(run).__name__}")
-    if run is not None and run.tenant != tenant:
-        raise InvalidInput(
-            f"expected run {run.run_id} to belong to tenant {tenant!r}, found {run.tenant!r}"
-        )
-    if isinstance(step, str):
-        if run is None:
-            raise InvalidInput(f"expected a run with step {step!r}, found run=None")
-        try:
-            step = Step.objects.get(run=run, step_id=step)
-        except Step.DoesNotExist:
-            raise InvalidInput(
-                f"expected step {step!r} to exist in run {run.run_id}, found no such step"
-            ) from None
-    elif step is not None:
-        if not isinstance(step, Step):
-            raise InvalidInput(
-                f"expected step to be a Step or a step_id, found {type(step).__name__}"
-            )
-        if run is None:
-            run = step.run
-        elif step.run_id != run.pk:
-            raise InvalidInput(
-                f"expected step {step.step_id} to belong to run {run.run_id}, found another run"
-            )
-    return run, step
-
-
 # --- an agent's outcomes ------------------------------------------------------------------
 
 
@@ -251,7 +188,7 @@ def mark_succeeded(
     """submitted -> succeeded, with the external system's id when it gave one."""
     changes = {}
     if external_id is not None:
-        _check_text(external_id, "external_id", max_length=500)
+        check_text(external_id, "external_id", 500)
         changes["external_id"] = external_id
     return transitions.by_agent(
         op, State.SUCCEEDED, fencing_token=fencing_token, evidence=evidence,
@@ -274,10 +211,8 @@ def mark_outcome_unknown(
 
 
 def _outcome(op, to_state, error_code, detail, fencing_token) -> Operation:
-    _check_text(error_code, "error_code", max_length=200)
-    if not isinstance(detail, str):
-        raise InvalidInput(f"expected detail to be a string, found {type(detail).__name__}")
-    detail = scrub_text(detail)
+    check_text(error_code, "error_code", 200)
+    detail = scrub_text(check_string(detail, "detail"))
     return transitions.by_agent(
         op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
         changes={"error_code": error_code, "error_detail": detail},
@@ -354,12 +289,8 @@ def resolve(
     `expected_version` (default: `op.version`) is the version the person decided on: if
     someone else resolved first, StaleVersion says who and when, and nothing is written.
     """
-    if to_state not in states.RESOLUTIONS:
-        raise InvalidInput(
-            f"expected to_state one of {list(states.RESOLUTIONS)}, found {to_state!r}"
-        )
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput(f"expected a non-empty reason for the decision, found {reason!r}")
+    check_choice(to_state, "to_state", states.RESOLUTIONS)
+    reason = check_reason(reason)
     access.require_perm(user, "ledger.resolve_operation", doing="resolve operations")
     access.require_tenant(user, op.tenant)
     if to_state == State.SAFE_TO_RETRY and op.retry_policy == RetryPolicy.NEVER:
@@ -378,11 +309,11 @@ def resolve(
         )
     changes = {}
     if external_id:
-        _check_text(external_id, "external_id", max_length=500)
+        check_text(external_id, "external_id", 500)
         changes["external_id"] = external_id
     if op.conflict == Conflict.AMBIGUOUS:
         changes["conflict"] = ""  # a person has decided between the matches
     return transitions.by_person(
-        op, to_state, user=user, reason=reason.strip(), expected_version=expected_version,
+        op, to_state, user=user, reason=reason, expected_version=expected_version,
         changes=changes,
     )

@@ -39,6 +39,7 @@ from django.utils import timezone
 from ledger import leases, rows, transitions
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
+from ledger.inputs import check_duration, check_text, check_whole_number
 from ledger.models import Evidence, Lease, Operation
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
@@ -392,10 +393,7 @@ def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | 
 
 
 def _check_worker(worker: Any) -> None:
-    if not isinstance(worker, str) or not worker.strip() or len(worker) > 200:
-        raise InvalidInput(
-            f"expected worker to be a non-empty name of at most 200 characters, found {worker!r}"
-        )
+    check_text(worker, "worker", 200)
 
 
 # --- settling: verdict, evidence and transition in one fenced transaction ------------------
@@ -511,8 +509,7 @@ def run_once(
     called after each stored verdict (the `reconcile` command prints them).
     """
     _check_worker(worker)
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise InvalidInput(f"expected limit to be a positive integer, found {limit!r}")
+    check_whole_number(limit, low=1, expected="limit to be a positive integer")
     autodiscover()
     if stale_after is None:
         stale_after = timedelta(seconds=settings.LEDGER_STALE_SUBMISSION_SECONDS)
@@ -562,8 +559,7 @@ def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
     Gone: no live lease `run:<run_id>` (an operation without a run counts as gone once
     old). Each gets an event saying why. Returns how many it moved. Never sends anything.
     """
-    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-        raise InvalidInput(f"expected older_than to be a timedelta >= 0, found {older_than!r}")
+    check_duration(older_than, "older_than")
     cutoff = timezone.now() - older_than
     moved = 0
     with transaction.atomic(durable=True):
