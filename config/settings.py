@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "pgtrigger",
     "ledger",
     "review",
+    "demo",
 ]
 
 MIDDLEWARE = [
@@ -176,17 +177,18 @@ LOGGING = {
     },
 }
 
-# Ledger limits and defaults.
-LEDGER_MAX_INTENT_BYTES = int(os.environ.get("LEDGER_MAX_INTENT_BYTES", 256 * 1024))
-
-# Reconciliation (ledger.reconcile). A reconciler that raises this many times in a row sends
-# its operation to manual_review; a `submitted` operation older than the threshold whose
-# sender holds no live run lease is turned into outcome_unknown by the sweep.
-LEDGER_RECONCILE_MAX_FAILURES = int(os.environ.get("LEDGER_RECONCILE_MAX_FAILURES", 3))
-LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS", 600))
-# Modules imported before reconciling, so that their `@reconcile.register` classes exist.
+# The ledger's settings (ledger/conf.py lists each with its default); the project sets only
+# these. Each may also come from an environment variable of the same name.
+if os.environ.get("LEDGER_MAX_INTENT_BYTES"):
+    LEDGER_MAX_INTENT_BYTES = int(os.environ["LEDGER_MAX_INTENT_BYTES"])
+if os.environ.get("LEDGER_RECONCILE_MAX_FAILURES"):
+    LEDGER_RECONCILE_MAX_FAILURES = int(os.environ["LEDGER_RECONCILE_MAX_FAILURES"])
+if os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS"):
+    LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ["LEDGER_STALE_SUBMISSION_SECONDS"])
+# The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;
+# a comma-separated list to name your own.
 LEDGER_RECONCILER_MODULES = [
     m.strip()
-    for m in os.environ.get("LEDGER_RECONCILER_MODULES", "ledger.simulated.articles").split(",")
+    for m in os.environ.get("LEDGER_RECONCILER_MODULES", "demo.simulated.articles").split(",")
     if m.strip()
 ]

@@ -14,11 +14,10 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import access, audit, leases, states
+from ledger import access, audit, conf, leases, states
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
@@ -182,7 +181,7 @@ def _one_statement() -> AbstractContextManager:
 def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
     stored = redact(intent, paths)
     size = len(canonical_json(stored).encode("utf-8"))
-    limit = settings.LEDGER_MAX_INTENT_BYTES
+    limit = conf.MAX_INTENT_BYTES
     if size > limit:
         raise InvalidInput(
             f"expected an intent of at most {limit:,} bytes of canonical JSON "
