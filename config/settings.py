@@ -123,6 +123,16 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
+# The ledger's models do not know where a desk is mounted: the project says where an
+# operation's page is, for the admin's "View on site" link.
+def _operation_url(operation):
+    from review.templatetags.desk import operation_url
+
+    return operation_url(operation)
+
+
+ABSOLUTE_URL_OVERRIDES = {"ledger.operation": _operation_url}
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -133,11 +143,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 # No inline scripts and nothing from another origin: htmx is served from django-htmx's
-# static files, our own scripts from static/.
+# static files, the desk's own from review/static/.
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],
