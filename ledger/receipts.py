@@ -15,10 +15,9 @@ from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
-from ledger import access, rows, runs, states, transitions
+from ledger import access, conf, rows, runs, states, transitions
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
@@ -152,7 +151,7 @@ def _existing(tenant: str, operation: str, key: str) -> Operation | None:
 def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any]:
     stored = redact(intent, paths)
     size = len(canonical_json(stored).encode("utf-8"))
-    limit = settings.LEDGER_MAX_INTENT_BYTES
+    limit = conf.MAX_INTENT_BYTES
     if size > limit:
         raise InvalidInput(
             f"expected an intent of at most {limit:,} bytes of canonical JSON "

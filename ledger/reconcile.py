@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import leases, rows, transitions
+from ledger import conf, leases, rows, transitions
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
 from ledger.inputs import check_duration, check_text, check_whole_number
@@ -194,7 +193,7 @@ def autodiscover() -> None:
     global _discovered
     if _discovered:
         return
-    for module in getattr(settings, "LEDGER_RECONCILER_MODULES", ()):
+    for module in conf.RECONCILER_MODULES:
         importlib.import_module(module)
     _discovered = True
 
@@ -466,7 +465,7 @@ def _decide(
                 changes)
     # ERROR
     failures = op.reconcile_failures + 1
-    limit = cls.max_failures or settings.LEDGER_RECONCILE_MAX_FAILURES
+    limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
     changes["reconcile_failures"] = failures
     if failures >= limit:
         return (State.MANUAL_REVIEW,
@@ -512,7 +511,7 @@ def run_once(
     check_whole_number(limit, low=1, expected="limit to be a positive integer")
     autodiscover()
     if stale_after is None:
-        stale_after = timedelta(seconds=settings.LEDGER_STALE_SUBMISSION_SECONDS)
+        stale_after = timedelta(seconds=conf.STALE_SUBMISSION_SECONDS)
     sweep_stale_submissions(older_than=stale_after)
     finished = 0
     seen: set[int] = set()

@@ -20,6 +20,7 @@ from ledger import errors, receipts, selectors
 from ledger.states import State
 from review.forms import ACTION_LABELS, AuditFilterForm, QueueFilterForm, ResolveForm
 from review.http import ledger_errors
+from review.templatetags.desk import operation_url
 
 view_required = permission_required("ledger.view_operation", raise_exception=True)
 resolve_required = permission_required("ledger.resolve_operation", raise_exception=True)
@@ -94,7 +95,7 @@ def resolve(request, operation_id: str):
         )
     if request.htmx:
         return _detail(request, operation_id)
-    return redirect(op)
+    return redirect(operation_url(op))
 
 
 def stale_message(exc: errors.StaleVersion) -> str:

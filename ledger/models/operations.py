@@ -210,11 +210,6 @@ class Operation(models.Model):
     def __str__(self):
         return f"{self.operation_id} {self.operation} ({self.state})"
 
-    def get_absolute_url(self):
-        from django.urls import reverse
-
-        return reverse("review:operation", args=[self.operation_id])
-
     @property
     def is_terminal(self) -> bool:
         from ledger.states import TERMINAL

@@ -3,12 +3,25 @@
 import json
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ledger.models import Operation
 from ledger.states import QUEUE_STATES, State
 
 register = template.Library()
+
+
+@register.simple_tag
+def operation_url(operation: Operation | str) -> str:
+    """The desk page of an operation (or of an operation id): `{% operation_url op %}`.
+
+    The desk resolves its own URLs; the model does not know where (or whether) a desk is
+    mounted. Views call it as a function.
+    """
+    operation_id = operation.operation_id if isinstance(operation, Operation) else operation
+    return reverse("review:operation", args=[operation_id])
 
 
 @register.filter

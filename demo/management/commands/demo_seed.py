@@ -3,9 +3,9 @@
 from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
+from demo.execution import seed_execution
+from demo.operations import seed_operations
 from ledger import access
-from ledger.demo.execution import seed_execution
-from ledger.demo.operations import seed_operations
 
 DEMO_USERS = [
     # username, password, group, is_staff

@@ -7,15 +7,15 @@ from datetime import timedelta
 
 import pytest
 
-from ledger import receipts, reconcile
-from ledger.models import Evidence, Operation
-from ledger.simulated.agent import STEPS, publish_articles
-from ledger.simulated.articles import (
+from demo.simulated.agent import STEPS, publish_articles
+from demo.simulated.articles import (
     ArticleRejected,
     ArticlesClient,
     ArticlesReconciler,
     ArticlesService,
 )
+from ledger import receipts, reconcile
+from ledger.models import Evidence, Operation
 from ledger.states import State
 from tests.support.processes import spawn, wait_for_line
 
@@ -232,7 +232,7 @@ def test_a_service_that_is_down_is_a_reconciler_error_not_a_verdict():
 
 AGENT = """
     import json, time
-    from ledger.simulated.agent import publish_articles
+    from demo.simulated.agent import publish_articles
 
     def pause(step, point):
         if f"{{step}}:{{point}}" == {kill_at!r}:

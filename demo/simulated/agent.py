@@ -15,9 +15,9 @@ import http.client
 from collections.abc import Callable
 from datetime import timedelta
 
+from demo.simulated.articles import ArticleRejected, ArticlesClient, ServiceError
 from ledger import leases, receipts
 from ledger.models import Run
-from ledger.simulated.articles import ArticleRejected, ArticlesClient, ServiceError
 from ledger.states import State
 
 STEPS = ("draft", "review", "publish")

@@ -5,7 +5,7 @@ import io
 import pytest
 from django.core.management import call_command
 
-from ledger.demo.operations import seed_operations
+from demo.operations import seed_operations
 from ledger.models import Evidence, Operation
 from ledger.states import State
 

@@ -15,14 +15,14 @@ import http.client
 from collections import Counter
 from datetime import timedelta
 
-from ledger import leases, receipts, reconcile
-from ledger.models import Operation, Run
-from ledger.simulated.articles import (
+from demo.simulated.articles import (
     ArticleRejected,
     ArticlesClient,
     ArticlesService,
     ServiceError,
 )
+from ledger import leases, receipts, reconcile
+from ledger.models import Operation, Run
 
 WORKER = "demo-reconciler"
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ServiceError)

@@ -4,8 +4,8 @@ import io
 
 import pytest
 
+from demo.execution import seed_execution
 from ledger import facts, obligations, runs
-from ledger.demo.execution import seed_execution
 from ledger.models import Episode, Fact, FactConflict, Obligation, Operation, Run, Step
 
 
