@@ -24,9 +24,11 @@ def record(
     """Append an episode said by `role` ("user", "assistant", "tool", ...) to `run`.
 
     Give `content`, `content_ref` (where the full text is stored), or both. Credentials
-    in `content` (after `Bearer`, `password=`, ...) are masked before it is stored.
+    in either (`Bearer` values, `password=`, signed-URL parameters...) are masked before
+    they are stored.
     """
     check_text(role, "role", 50)
+    content_ref = scrub_text(content_ref)
     if not isinstance(content_ref, str) or len(content_ref) > 1000:
         raise InvalidInput(
             f"expected content_ref to be a string of at most 1000 characters, found "

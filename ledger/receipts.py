@@ -85,6 +85,7 @@ def record_intent(
         )
     if not isinstance(target, str):
         raise InvalidInput(f"expected target to be a string, found {type(target).__name__}")
+    target = scrub_text(target)
     if len(target) > 2000:
         raise InvalidInput(f"expected target of at most 2000 characters, found {len(target)}")
     _check_text(tenant, "tenant", max_length=100)
@@ -382,6 +383,7 @@ def mark_succeeded(
     """submitted -> succeeded, with the external system's id when it gave one."""
     changes = {}
     if external_id is not None:
+        external_id = scrub_text(external_id)
         _check_text(external_id, "external_id", max_length=500)
         changes["external_id"] = external_id
     return _agent_transition(
@@ -405,10 +407,10 @@ def mark_outcome_unknown(
 
 
 def _outcome(op, to_state, error_code, detail, fencing_token) -> Operation:
+    error_code, detail = scrub_text(error_code), scrub_text(detail)
     _check_text(error_code, "error_code", max_length=200)
     if not isinstance(detail, str):
         raise InvalidInput(f"expected detail to be a string, found {type(detail).__name__}")
-    detail = scrub_text(detail)
     return _agent_transition(
         op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
         changes={"error_code": error_code, "error_detail": detail},
@@ -453,7 +455,7 @@ def submit(
     except BaseException as exc:
         if not attempt.finished:
             code = type(exc).__name__
-            detail = str(exc)[:4000]
+            detail = scrub_text(str(exc))[:4000]
             if rejections and isinstance(exc, rejections):
                 mark_rejected(op, error_code=code, detail=detail, fencing_token=fencing_token)
             else:
@@ -509,6 +511,7 @@ def resolve(
         )
     changes = {}
     if external_id:
+        external_id = scrub_text(external_id)
         _check_text(external_id, "external_id", max_length=500)
         changes["external_id"] = external_id
     if op.conflict == Conflict.AMBIGUOUS:
