@@ -106,7 +106,7 @@ _TOKEN_SHAPES = re.compile(
     r"sk-[A-Za-z0-9_-]{8,}"                         # OpenAI, Anthropic... (sk-proj-, sk-live-)
     r"|[sr]k_(?:live|test)_[A-Za-z0-9]{4,}"         # Stripe secret and restricted keys
     r"|whsec_[A-Za-z0-9]{8,}"                       # Stripe webhook secrets
-    r"|(?:AKIA|ASIA)[A-Z0-9]{16}"                    # AWS access key ids
+    r"|(?:AKIA|ASIA)[A-Z0-9]{12,}"                   # AWS access key ids (16 after)
     r"|eyJ[\w-]{2,}\.eyJ[\w-]{2,}\.[\w-]*"           # JWTs (header.payload.signature)
     r"|gh[pousr]_[A-Za-z0-9]{10,}|github_pat_\w{10,}"  # GitHub tokens
     r"|xox[abposr]-[A-Za-z0-9-]{6,}"                 # Slack tokens
