@@ -6,7 +6,6 @@ import pgtrigger.migrations
 from django.conf import settings
 from django.db import migrations, models
 
-
 # Admins read the trail of tenant grants beside the grants themselves.
 ADMIN_PERMS = ["view_tenantaccesschange"]
 
