@@ -260,8 +260,9 @@ class RetentionPolicyForm(forms.ModelForm):
 
 
 def _with_every_tenant(tenants: frozenset[str]) -> frozenset[str]:
-    # A retention policy (and its audit, its purge runs) with tenant "" covers every tenant.
-    return tenants | {""}
+    # A retention policy (and its audit, its purge runs) with tenant "" covers every
+    # tenant, so each granted user sees it; a user with no grant sees nothing.
+    return tenants | {""} if tenants else tenants
 
 
 @admin.register(RetentionPolicy)
