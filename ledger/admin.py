@@ -334,6 +334,20 @@ class PurgeRunAdmin(ReadOnlyAdmin):
     def tenant_filter(self, tenants):
         return Q(policy_snapshot__tenant__in=_with_every_tenant(tenants))
 
+    def get_list_display(self, request):
+        return _without_operation_ranges(request, super().get_list_display(request))
+
+    def get_fields(self, request, obj=None):
+        return _without_operation_ranges(request, super().get_fields(request, obj))
+
+
+def _without_operation_ranges(request, fields):
+    # A purge under an every-tenant policy spans every tenant's operation ids; as on the
+    # desk's retention page, only superusers see the range.
+    if request.user.is_superuser:
+        return fields
+    return [name for name in fields if name not in ("first_operation_id", "last_operation_id")]
+
 
 @admin.register(Redaction)
 class RedactionAdmin(ReadOnlyAdmin):

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from ledger import access, chain, episodes, facts, leases, obligations, retention, runs
 from ledger.errors import PermissionDenied
-from ledger.models import Run, TenantAccess, TenantAccessChange
+from ledger.models import PurgeRun, Run, TenantAccess, TenantAccessChange
 from ledger.states import State
 from tests.factories import OperationFactory, UserFactory, add_evidence
 from tests.support.retention import complete_days_ago
@@ -272,3 +272,17 @@ def test_the_access_trail_is_append_only_in_postgresql(root, statement):
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(statement)
     assert TenantAccessChange.objects.get().tenant == "acme"
+
+
+@pytest.mark.django_db
+def test_purge_runs_show_their_operation_id_range_to_superusers_only(client, root,
+                                                                     two_tenants):
+    run = PurgeRun.objects.exclude(first_operation_id="").filter(
+        policy_snapshot__tenant="acme").get()
+    client.force_login(root)
+    assert run.first_operation_id in client.get(change_url(run)).content.decode()
+    client.force_login(staff())
+    for url in (change_url(run), changelist_url(PurgeRun)):
+        page = client.get(url)
+        assert page.status_code == 200
+        assert run.first_operation_id not in page.content.decode()
