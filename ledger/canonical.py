@@ -84,8 +84,8 @@ _PEM_BLOCK = re.compile(
     re.DOTALL,
 )
 # scheme://user:password@host -> scheme://[redacted]@host (a bare `user@` stays).
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@:\[\]\"'<>]*:"
-                       r"[^\s/?#\"'<>]*@")
+_USERINFO = re.compile(r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://)"
+                       r"[^\s/?#@:\[\]\"'<>]*:[^\s/?#\"'<>]*@")
 # (Set-)Cookie header lines: every cookie on the line is a credential.
 _COOKIE_LINE = re.compile(r"(?i)(?<![\w-])((?:set-)?cookie\s*:[ \t]*)([^\r\n\"']+)")
 # name=value, name: value, "name": "value" -- the name is checked by is_secret_key; the
@@ -101,8 +101,10 @@ _PAIR = re.compile(
 _SCHEME = re.compile(r"(?P<head>\b(?:[Bb]earer|BEARER|[Bb]asic|BASIC)\s+)"
                      r"(?P<value>[A-Za-z0-9._~+/=-]+)")
 _PLAIN_WORD = re.compile(r"^[A-Za-z][a-z]*$")
+# Each shape starts only where a run of token characters starts, so text made of many
+# near-misses ("sk-sk-sk-...") is read once, not once per near-miss.
 _TOKEN_SHAPES = re.compile(
-    r"\b(?:"
+    r"(?<![\w-])(?:"
     r"sk-[A-Za-z0-9_-]{8,}"                         # OpenAI, Anthropic... (sk-proj-, sk-live-)
     r"|[sr]k_(?:live|test)_[A-Za-z0-9]{4,}"         # Stripe secret and restricted keys
     r"|whsec_[A-Za-z0-9]{8,}"                       # Stripe webhook secrets
