@@ -24,10 +24,11 @@ def record(
     """Append an episode said by `role` ("user", "assistant", "tool", ...) to `run`.
 
     Give `content`, `content_ref` (where the full text is stored), or both. Credentials
-    in `content` (after `Bearer`, `password=`, ...) are masked before it is stored.
+    in either (`Bearer` values, `password=`, signed-URL parameters...) are masked before
+    they are stored.
     """
     check_text(role, "role", 50)
-    check_string(content_ref, "content_ref", 1000)
+    content_ref = scrub_text(check_string(content_ref, "content_ref", 1000))
     if content is not None and not isinstance(content, str):
         raise InvalidInput(f"expected content to be a string or None, found "
                            f"{type(content).__name__}")

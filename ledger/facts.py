@@ -63,7 +63,7 @@ def assert_fact(
     """
     check_text(subject, "subject", 500)
     check_text(predicate, "predicate", 200)
-    check_text(source, "source", 500)
+    source = check_text(scrub_text(source), "source", 500)
     check_text(tenant, "tenant", 100)
     if expected_version is not None:
         check_whole_number(expected_version, low=1,

@@ -81,7 +81,7 @@ def record_intent(
     fields = None if fingerprint_fields is None else check_paths(fingerprint_fields,
                                                                  "fingerprint_fields")
     check_operation_name(operation)
-    check_string(target, "target", 2000)
+    target = scrub_text(check_string(target, "target", 2000))
     check_text(tenant, "tenant", 100)
     check_choice(retry_policy, "retry_policy", RetryPolicy.values)
     if not isinstance(intent, Mapping):
@@ -187,7 +187,7 @@ def mark_succeeded(
     """submitted -> succeeded, with the external system's id when it gave one."""
     changes = {}
     if external_id is not None:
-        check_text(external_id, "external_id", 500)
+        external_id = scrub_text(check_text(external_id, "external_id", 500))
         changes["external_id"] = external_id
     return transitions.by_agent(
         op, State.SUCCEEDED, fencing_token=fencing_token, evidence=evidence,
@@ -210,7 +210,7 @@ def mark_outcome_unknown(
 
 
 def _outcome(op, to_state, error_code, detail, fencing_token) -> Operation:
-    check_text(error_code, "error_code", 200)
+    error_code = scrub_text(check_text(error_code, "error_code", 200))
     detail = scrub_text(check_string(detail, "detail"))
     return transitions.by_agent(
         op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
@@ -256,7 +256,7 @@ def submit(
     except BaseException as exc:
         if not attempt.finished:
             code = type(exc).__name__
-            detail = str(exc)[:4000]
+            detail = scrub_text(str(exc))[:4000]
             if rejections and isinstance(exc, rejections):
                 mark_rejected(op, error_code=code, detail=detail, fencing_token=fencing_token)
             else:
@@ -308,7 +308,7 @@ def resolve(
         )
     changes = {}
     if external_id:
-        check_text(external_id, "external_id", 500)
+        external_id = scrub_text(check_text(external_id, "external_id", 500))
         changes["external_id"] = external_id
     if op.conflict == Conflict.AMBIGUOUS:
         changes["conflict"] = ""  # a person has decided between the matches

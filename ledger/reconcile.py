@@ -279,7 +279,7 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
     common = {"reconciler": cls.label(), "query": redact(query),
               "observed": redact(verdict.observed)}
     if isinstance(verdict, Found):
-        external_id = verdict.external_id
+        external_id = scrub_text(verdict.external_id)
         if not isinstance(external_id, str) or not external_id.strip() or len(external_id) > 500:
             raise InvalidInput(
                 f"expected Found to carry a non-empty external id of at most 500 characters, "

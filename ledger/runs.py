@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from ledger import leases
+from ledger.canonical import scrub_text
 from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
 from ledger.inputs import check_names, check_text
 from ledger.models import (
@@ -92,7 +93,7 @@ def start(objective: str, *, tenant: str = "default", run_id: str | None = None)
     """Start a run working on `objective`; returns it. With the `run_id` of an existing run
     of the same tenant and objective, returns that run (starting twice is harmless); with
     another tenant or objective, InvalidInput."""
-    check_text(objective, "objective", 10_000)
+    objective = check_text(scrub_text(objective), "objective", 10_000)
     check_text(tenant, "tenant", 100)
     if run_id is None:
         run_id = f"run-{timezone.now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"

@@ -1,6 +1,13 @@
 """The ledger's tables. One module per area; everything is importable from here."""
 
-from ledger.models.coordination import Lease, Run, Step, StepState, TenantAccess
+from ledger.models.coordination import (
+    Lease,
+    Run,
+    Step,
+    StepState,
+    TenantAccess,
+    TenantAccessChange,
+)
 from ledger.models.execution import (
     ConflictState,
     Episode,
@@ -46,4 +53,5 @@ __all__ = [
     "Step",
     "StepState",
     "TenantAccess",
+    "TenantAccessChange",
 ]
