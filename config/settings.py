@@ -48,6 +48,9 @@ INSTALLED_APPS = [
     "pgtrigger",
     "ledger",
     "review",
+    # The agent API over HTTP and MCP; "ninja" serves the API docs' assets from static.
+    "ninja",
+    "api",
 ]
 
 MIDDLEWARE = [
