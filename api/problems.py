@@ -42,9 +42,9 @@ def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
     """The problem for a ledger refusal, with what the caller needs to go on."""
     from api import service
 
-    for cls, status, slug, title in KINDS:
-        if isinstance(exc, cls):
-            break
+    status, slug, title = next(
+        (status, slug, title) for cls, status, slug, title in KINDS if isinstance(exc, cls)
+    )
     extra: dict[str, Any] = {"error": type(exc).__name__}
     if isinstance(exc, errors.AlreadyCommitted):
         extra["result"] = exc.result
