@@ -14,7 +14,6 @@ from django.http import Http404, HttpRequest, JsonResponse
 from ninja import NinjaAPI, Query, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
-from ninja.responses import codes_4xx
 from ninja.security import HttpBearer
 from pydantic import Field
 
@@ -45,7 +44,9 @@ from ledger.errors import LedgerError
 
 logger = logging.getLogger("ledger.api")
 PROBLEM = "application/problem+json"
-ERRORS = {codes_4xx: Problem}
+# Every error an endpoint answers (all problem+json): malformed body, no or bad key, tenant
+# not granted, not found, wrong method, refused by the ledger, invalid input.
+ERRORS = {frozenset({400, 401, 403, 404, 405, 409, 422}): Problem}
 
 
 class AgentKeyAuth(HttpBearer):

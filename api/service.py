@@ -10,7 +10,9 @@ the ledger's own `LedgerError`, which each surface turns into its error format.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,6 +26,55 @@ HAS_IN_FLIGHT_WINDOW = "in_flight_for" in inspect.signature(receipts.mark_submit
 
 MAX_PAGE = 200
 OUTCOMES = ("submitted", "succeeded", "rejected", "outcome_unknown")
+
+
+# --- text from the network --------------------------------------------------------------
+
+# What JSON can carry but PostgreSQL text cannot store: NUL, and UTF-16 halves without their
+# pair (valid in a JSON escape, not in UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(value: Any) -> Any:
+    """`value` with every unstorable character replaced by U+FFFD, walked iteratively (a
+    deeply nested body cannot exhaust the stack here; the ledger refuses it by its limits)."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub("\ufffd", value)
+    if not isinstance(value, dict | list):
+        return value
+    root = [value]
+    stack = [(root, 0, value)]
+    while stack:
+        parent, slot, node = stack.pop()
+        if isinstance(node, str):
+            parent[slot] = _UNSTORABLE.sub("\ufffd", node)
+        elif isinstance(node, list):
+            copy = list(node)
+            parent[slot] = copy
+            stack.extend((copy, i, item) for i, item in enumerate(copy))
+        elif isinstance(node, dict):
+            copy = {}
+            parent[slot] = copy
+            for k, item in node.items():
+                k = _UNSTORABLE.sub("\ufffd", k) if isinstance(k, str) else k
+                copy[k] = None
+                stack.append((copy, k, item))
+        else:
+            parent[slot] = node
+    return root[0]
+
+
+def storable_arguments(fn):
+    """Text from the network made storable before the ledger sees it: a NUL or an unpaired
+    surrogate in any argument would otherwise fail in the database driver, not in the
+    ledger's checks."""
+
+    @functools.wraps(fn)
+    def wrapped(key, *args, **kwargs):
+        return fn(key, *[_storable(a) for a in args],
+                  **{name: _storable(value) for name, value in kwargs.items()})
+
+    return wrapped
 
 
 # --- fetch and check ---------------------------------------------------------------------
@@ -88,6 +139,7 @@ def tenant_for(key: AgentKey, tenant: str | None) -> str:
 # --- operations --------------------------------------------------------------------------
 
 
+@storable_arguments
 def record_intent(
     key: AgentKey,
     *,
@@ -115,6 +167,7 @@ def record_intent(
     return operation_dict(op), op.recorded_now
 
 
+@storable_arguments
 def mark(
     key: AgentKey,
     operation_id: str,
@@ -152,6 +205,7 @@ def mark(
     return operation_dict(op)
 
 
+@storable_arguments
 def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     """The receipt with its events (oldest first) and evidence. Three queries."""
     op = access_operation(key, operation_id)
@@ -166,6 +220,7 @@ def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     return data
 
 
+@storable_arguments
 def list_operations(
     key: AgentKey,
     *,
@@ -200,10 +255,12 @@ def list_operations(
 # --- facts -------------------------------------------------------------------------------
 
 
+@storable_arguments
 def read_facts(key: AgentKey, subject: str, *, tenant: str | None = None) -> list[dict]:
     return [fact_dict(f) for f in facts.read_facts(subject, tenant=tenant_for(key, tenant))]
 
 
+@storable_arguments
 def assert_fact(
     key: AgentKey,
     *,
@@ -235,6 +292,7 @@ def assert_fact(
 # --- runs and obligations ----------------------------------------------------------------
 
 
+@storable_arguments
 def start_run(
     key: AgentKey, *, objective: str, tenant: str | None = None, run_id: str | None = None
 ) -> dict[str, Any]:
@@ -247,6 +305,7 @@ def start_run(
     return run_dict(run)
 
 
+@storable_arguments
 def add_step(
     key: AgentKey, run_id: str, *, step_id: str, depends_on: list[str] | None = None
 ) -> dict[str, Any]:
@@ -256,6 +315,7 @@ def add_step(
             "depends_on": sorted(depends_on or ())}
 
 
+@storable_arguments
 def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None) -> dict[str, Any]:
     """Take the run's lease for this key's agent; the view carries the fencing `token`."""
     run = access_run(key, run_id)
@@ -265,6 +325,7 @@ def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None) -> d
     return runs.resume(run, worker=key.name, **kwargs).as_dict()
 
 
+@storable_arguments
 def open_obligation(
     key: AgentKey,
     *,
@@ -285,6 +346,7 @@ def open_obligation(
     return obligation_dict(obligation, run_obj)
 
 
+@storable_arguments
 def commit_obligation(
     key: AgentKey, obligation_key: str, *, result: Any, fencing_token: int | None = None
 ) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_not_required
 from django.urls import URLPattern, re_path
+from django.views.decorators.csrf import csrf_exempt
 
 from api import problems
 from api.http import PROBLEM, api, problem_response
@@ -39,6 +40,7 @@ def _problems_only(view):
 
 
 @_problems_only
+@csrf_exempt  # no session is ever used here: a POST to a wrong path is a 404, not a 403
 def unknown_route(request, rest=""):
     return problem_response(problems.problem(
         404, "not-found", "Not found", f"expected an API route, found none at {request.path}"))

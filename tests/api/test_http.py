@@ -218,6 +218,7 @@ def test_list_is_keyset_paged_newest_first_and_filtered(make_key, client_for):
 def test_errors_are_problem_json_never_html(make_key, client_for):
     agent = client_for(make_key("billing-bot"))
     assert_problem(agent.get("/api/v1/no-such-route"), 404)
+    assert_problem(agent.post("/api/v1/no-such-route", json={}), 404)  # not a CSRF 403
     assert_problem(agent.delete("/api/v1/operations"), 405)
     bad_json = agent.post("/api/v1/operations", content=b"{not json",
                           headers={"Content-Type": "application/json"})
