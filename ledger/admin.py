@@ -323,9 +323,8 @@ class AgentKeyAdmin(admin.ModelAdmin):
             "title": "Add agent key", "opts": self.opts, "form": form, "key": key,
             "secret": secret,
         }
-        response = TemplateResponse(request, "admin/ledger/agentkey/add.html", context)
-        response["Cache-Control"] = "no-store"
-        return response
+        # The admin site's views are never_cache: the page with the secret is not stored.
+        return TemplateResponse(request, "admin/ledger/agentkey/add.html", context)
 
 
 @admin.register(AgentKeyChange)

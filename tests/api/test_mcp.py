@@ -44,7 +44,7 @@ def over_http(url: str, secret: str):
 async def lifecycle_and_fact_conflict(client: Client) -> None:
     listed = await client.list_tools()
     tools = {tool.name: tool for tool in listed.tools}
-    assert TOOLS <= set(tools)
+    assert set(tools) >= TOOLS
     for name in TOOLS:
         assert tools[name].description and len(tools[name].description) > 60
         assert tools[name].input_schema["type"] == "object"
