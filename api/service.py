@@ -16,9 +16,10 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from ledger import access, facts, obligations, receipts, runs
+from ledger import access, audit, facts, obligations, receipts, runs
 from ledger.errors import InvalidInput, NotFound, PermissionDenied
 from ledger.models import AgentKey, Evidence, Fact, Obligation, Operation, OperationEvent, Run
+from ledger.prepared import prepared_cursor
 from ledger.states import RetryPolicy
 
 # Whether this ledger has the in-flight window (`mark_submitted(in_flight_for=...)`).
@@ -85,11 +86,23 @@ def _visible(key: AgentKey, rows):
     return rows if tenants is None else rows.filter(tenant__in=tenants)
 
 
+_ACCESS_OPERATION = (
+    f"SELECT {audit.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
+    " WHERE operation_id = %s AND (%s OR tenant = ANY(%s))"
+)
+
+
 def access_operation(key: AgentKey, operation_id: str) -> Operation:
-    """The operation if the key sees its tenant; NotFound otherwise (either way)."""
+    """The operation if the key sees its tenant; NotFound otherwise (either way). On every
+    mark of every agent: one prepared statement, without the ORM's query compilation."""
     if not isinstance(operation_id, str) or not 0 < len(operation_id) <= 40:
         raise NotFound(f"expected an operation id, found {operation_id!r}")
-    found = _visible(key, Operation.objects.filter(operation_id=operation_id)).first()
+    tenants = access.tenants_for(key)
+    with prepared_cursor() as cursor:
+        cursor.execute(_ACCESS_OPERATION,
+                       [operation_id, tenants is None, sorted(tenants or ())])
+        row = cursor.fetchone()
+    found = None if row is None else audit.operation_from_row(row)
     if found is None:
         raise NotFound(
             f"expected operation {operation_id!r} among the tenants you may see, found none"

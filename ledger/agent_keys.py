@@ -17,13 +17,14 @@ import re
 import secrets
 from collections.abc import Iterable
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger import access
 from ledger.errors import InvalidInput
 from ledger.inputs import check_names
 from ledger.models import AgentKey, AgentKeyChange
+from ledger.prepared import prepared_cursor
 
 # Recognisable in a leaked config file or a secret scanner's rules.
 SECRET_PREFIX = "alk_"
@@ -83,10 +84,25 @@ def authenticate(secret: str) -> AgentKey | None:
     if not isinstance(secret, str) or not _SECRET.match(secret):
         return None
     digest = _hash(secret)
-    key = AgentKey.objects.filter(secret_hash=digest, revoked_at__isnull=True).first()
-    if key is None or not hmac.compare_digest(key.secret_hash, digest):
+    # On every request of every agent: prepared, without the ORM's query compilation.
+    with prepared_cursor() as cursor:
+        cursor.execute(_AUTHENTICATE, [digest])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = [field.from_db_value(value, None, connection) if hasattr(field, "from_db_value")
+              else value for field, value in zip(_KEY_FIELDS, row, strict=True)]
+    key = AgentKey.from_db(connection.alias, [f.attname for f in _KEY_FIELDS], values)
+    if not hmac.compare_digest(key.secret_hash, digest):
         return None
     return key
+
+
+_KEY_FIELDS = AgentKey._meta.concrete_fields
+_AUTHENTICATE = (
+    f"SELECT {', '.join(connection.ops.quote_name(f.column) for f in _KEY_FIELDS)}"
+    f" FROM {AgentKey._meta.db_table} WHERE secret_hash = %s AND revoked_at IS NULL"
+)
 
 
 def _hash(secret: str) -> str:

@@ -282,3 +282,18 @@ def test_the_secret_is_never_stored(make_key):
     secret = make_key("billing-bot")
     row = AgentKey.objects.values().get()
     assert secret not in repr(row)
+
+
+def test_in_flight_seconds_reaches_the_ledger_only_where_it_has_the_window(make_key, client_for):
+    from api import service
+
+    agent = client_for(make_key("billing-bot"))
+    op = record(agent).json()
+    answer = agent.post(f"/api/v1/operations/{op['operation_id']}/submitted",
+                        json={"in_flight_seconds": 30})
+    if service.HAS_IN_FLIGHT_WINDOW:
+        assert answer.status_code == 200
+        assert Operation.objects.get().in_flight_until is not None
+    else:
+        assert_problem(answer, 422, detail_has="no in-flight window")
+        assert Operation.objects.get().state == "planned"
