@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from django.http import Http404, HttpRequest, JsonResponse
-from ninja import NinjaAPI, Query, Schema
+from ninja import NinjaAPI, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
 from ninja.security import HttpBearer
@@ -171,7 +171,7 @@ def record_intent(request, body: RecordIntentIn):
     and intent were recorded before (whatever its state: if it is not `planned`, do not
     send again); 409 when the key names an operation with another intent."""
     data, created = service.record_intent(request.auth, **body.dict())
-    return (201 if created else 200), data
+    return Status(201 if created else 200, data)
 
 
 @api.post("/operations/{operation_id}/submitted", response={200: OperationOut, **ERRORS},

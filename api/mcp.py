@@ -11,6 +11,7 @@ ledger's message, so the model can read what was expected and what it found.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -99,10 +100,16 @@ def tool_error_text(problem: dict[str, Any]) -> str:
 
 
 def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
+    # The SDK configures the root logger (a console handler) when it has none; here the
+    # project's LOGGING setting owns logging, so that is undone.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     server = MCPServer(
         name="agent-ledger", title="Agent Ledger", version="1", instructions=INSTRUCTIONS,
         log_level="WARNING",
     )
+    root.handlers[:] = handlers
+    root.setLevel(level)
     server.ledger_stdio_key = stdio_key
 
     @server.tool(
