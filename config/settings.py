@@ -49,6 +49,9 @@ INSTALLED_APPS = [
     "ledger",
     "review",
     "demo",
+    # The agent API over HTTP and MCP; "ninja" serves the API docs' assets from static.
+    "ninja",
+    "api",
 ]
 
 MIDDLEWARE = [

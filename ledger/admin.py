@@ -10,13 +10,17 @@ audit them, and retention policies through `ledger.retention`.
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
+from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Substr
+from django.template.response import TemplateResponse
 
-from ledger import access, retention
+from ledger import access, agent_keys, retention
 from ledger.canonical import scrub_text
 from ledger.errors import LedgerError
 from ledger.models import (
+    AgentKey,
+    AgentKeyChange,
     AuditVerification,
     ChainAnchor,
     ChainHead,
@@ -424,3 +428,89 @@ class EpisodeAdmin(ReadOnlyAdmin):
     list_filter = ["role"]
     list_select_related = ["run"]
     identity_fields = ("run", "tenant")
+
+
+# --- agent keys: created and revoked only through ledger.agent_keys (audited); the hash is
+# never shown -----------------------------------------------------------------------------
+
+
+class NewAgentKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, help_text="The agent's name: the actor recorded "
+                           "on every event its key causes.")
+    tenants = forms.CharField(max_length=2000, help_text="Tenants the key may see and write, "
+                              "separated by commas.")
+
+    def clean_tenants(self):
+        return [t.strip() for t in self.cleaned_data["tenants"].split(",") if t.strip()]
+
+
+class KeyTenantsScoped(TenantScoped):
+    """A key (or its audit row) is visible to a user granted every tenant it names."""
+
+    def tenant_filter(self, tenants: frozenset[str]) -> Q:
+        return Q(tenants__contained_by=sorted(tenants))
+
+
+@admin.register(AgentKey)
+class AgentKeyAdmin(KeyTenantsScoped, admin.ModelAdmin):
+    list_display = ["name", "prefix", "tenant_list", "created_by_name", "created_at",
+                    "revoked_at", "revoked_by_name"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name"]
+    fields = ["name", "prefix", "tenants", "created_by_name", "created_at", "revoked_at",
+              "revoked_by_name"]
+    readonly_fields = fields
+    actions = ["revoke_keys"]
+
+    @admin.display(description="tenants")
+    def tenant_list(self, key):
+        return ", ".join(key.tenants)
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # revoke instead: a key's name stays in the audit trail
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm("ledger.change_agentkey")
+
+    @admin.action(description="Revoke the selected keys", permissions=["revoke"])
+    def revoke_keys(self, request, queryset):
+        for key in queryset:
+            try:
+                agent_keys.revoke(key.name, user=request.user)
+            except LedgerError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return
+        self.message_user(request, f"Revoked {len(queryset)} key(s).", messages.SUCCESS)
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """Creates the key and shows its secret in this one response: never in a message,
+        a session or a log, and never again."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = NewAgentKeyForm(request.POST or None)
+        key = secret = None
+        if request.method == "POST" and form.is_valid():
+            try:
+                key, secret = agent_keys.create(
+                    form.cleaned_data["name"], tenants=form.cleaned_data["tenants"],
+                    user=request.user,
+                )
+            except LedgerError as exc:
+                form.add_error(None, str(exc))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Add agent key", "opts": self.opts, "form": form, "key": key,
+            "secret": secret,
+        }
+        # The admin site's views are never_cache: the page with the secret is not stored.
+        return TemplateResponse(request, "admin/ledger/agentkey/add.html", context)
+
+
+@admin.register(AgentKeyChange)
+class AgentKeyChangeAdmin(KeyTenantsScoped, ReadOnlyAdmin):
+    list_display = ["changed_at", "changed_by_name", "action", "key_name", "tenants"]
+    list_filter = ["action"]
+    search_fields = ["key_name"]

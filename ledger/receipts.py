@@ -75,7 +75,8 @@ def record_intent(
     before anything is written. With the same (tenant, operation, key) and the same
     fingerprint it returns the existing operation, whatever its state: the caller must not
     send again. Same key, other fingerprint: IdempotencyKeyReused. Bad input raises
-    InvalidInput (a ValueError) and writes nothing.
+    InvalidInput (a ValueError) and writes nothing. `op.recorded_now` says whether this call
+    recorded it (True) or found it (False), also when concurrent callers race on one key.
     """
     redact_paths = check_paths(redact, "redact")
     fields = None if fingerprint_fields is None else check_paths(fingerprint_fields,
@@ -119,6 +120,7 @@ def record_intent(
             # A concurrent recorder of the same key loses quietly (nothing written) and
             # reads the winner's row below.
             if transitions.record(candidate, actor=actor or ""):
+                candidate.recorded_now = True
                 return candidate
             existing = _existing(tenant, operation, idempotency_key)
         if existing.intent_fingerprint != intent_fingerprint:
@@ -164,8 +166,18 @@ def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any
 # --- an agent's outcomes ------------------------------------------------------------------
 
 
-def mark_submitted(op: Operation, *, fencing_token: int | None = None) -> Operation:
-    """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key)."""
+def mark_submitted(
+    op: Operation,
+    *,
+    fencing_token: int | None = None,
+    expected_version: int | None = None,
+    actor: str | None = None,
+) -> Operation:
+    """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
+
+    Like every mark below: `expected_version` (default `op.version`) is the version the
+    caller acted on (StaleVersion if the row moved on); `actor` names the agent on the event.
+    """
     changes = {}
     if op.state == State.SAFE_TO_RETRY:
         changes = {"attempt": op.attempt + 1, "submitted_at": timezone.now(),
@@ -173,7 +185,8 @@ def mark_submitted(op: Operation, *, fencing_token: int | None = None) -> Operat
                    "next_attempt_at": None, "reconcile_attempts": 0, "reconcile_failures": 0}
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
     return transitions.by_agent(
-        op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes
+        op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
+        expected_version=expected_version, actor=actor,
     )
 
 
@@ -183,6 +196,8 @@ def mark_succeeded(
     external_id: str | None = None,
     evidence: Any = None,
     fencing_token: int | None = None,
+    expected_version: int | None = None,
+    actor: str | None = None,
 ) -> Operation:
     """submitted -> succeeded, with the external system's id when it gave one."""
     changes = {}
@@ -192,29 +207,44 @@ def mark_succeeded(
     return transitions.by_agent(
         op, State.SUCCEEDED, fencing_token=fencing_token, evidence=evidence,
         reason="the external system confirmed it", changes=changes,
+        expected_version=expected_version, actor=actor,
     )
 
 
 def mark_rejected(
-    op: Operation, *, error_code: str, detail: str = "", fencing_token: int | None = None
+    op: Operation,
+    *,
+    error_code: str,
+    detail: str = "",
+    fencing_token: int | None = None,
+    expected_version: int | None = None,
+    actor: str | None = None,
 ) -> Operation:
     """submitted -> rejected: the external system refused it and did nothing."""
-    return _outcome(op, State.REJECTED, error_code, detail, fencing_token)
+    return _outcome(op, State.REJECTED, error_code, detail, fencing_token,
+                    expected_version=expected_version, actor=actor)
 
 
 def mark_outcome_unknown(
-    op: Operation, *, error_code: str, detail: str = "", fencing_token: int | None = None
+    op: Operation,
+    *,
+    error_code: str,
+    detail: str = "",
+    fencing_token: int | None = None,
+    expected_version: int | None = None,
+    actor: str | None = None,
 ) -> Operation:
     """submitted -> outcome_unknown: sent, but whether it took effect is not known."""
-    return _outcome(op, State.OUTCOME_UNKNOWN, error_code, detail, fencing_token)
+    return _outcome(op, State.OUTCOME_UNKNOWN, error_code, detail, fencing_token,
+                    expected_version=expected_version, actor=actor)
 
 
-def _outcome(op, to_state, error_code, detail, fencing_token) -> Operation:
+def _outcome(op, to_state, error_code, detail, fencing_token, **kwargs) -> Operation:
     error_code = scrub_text(check_text(error_code, "error_code", 200))
     detail = scrub_text(check_string(detail, "detail"))
     return transitions.by_agent(
         op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
-        changes={"error_code": error_code, "error_detail": detail},
+        changes={"error_code": error_code, "error_detail": detail}, **kwargs,
     )
 
 

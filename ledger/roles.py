@@ -23,6 +23,7 @@ _ADMIN = [
     "view_retentionpolicy", "add_retentionpolicy", "change_retentionpolicy",
     "delete_retentionpolicy", "view_retentionchange", "view_purgerun", "view_redaction",
     "view_chainanchor",
+    "view_agentkey", "add_agentkey", "change_agentkey", "view_agentkeychange",
 ]
 
 # The current permissions of each role: the union of what the migrations granted.

@@ -82,19 +82,24 @@ def by_agent(
     op: Operation,
     to_state: str,
     *,
-    actor: str = "",
+    actor: str | None = "",
     reason: str,
     changes: Mapping[str, Any] | None = None,
     evidence: Any = None,
     fencing_token: int | None = None,
+    expected_version: int | None = None,
 ) -> Operation:
-    """An agent reports its own call (`receipts.mark_*`); a human decision is refused."""
+    """An agent reports its own call (`receipts.mark_*`); a human decision is refused.
+
+    `expected_version` (default `op.version`) is the version the agent acted on.
+    """
     _refuse_human_decision(op, to_state, found="an agent trying to")
     # A fenced write checks the lease in the same transaction as the change: two statements.
     fenced = fencing_token is not None
     with transaction.atomic(durable=True) if fenced else single_statement():
-        return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor, reason=reason,
-                      changes=changes, evidence=evidence, fencing_token=fencing_token)
+        return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "",
+                      reason=reason, changes=changes, evidence=evidence,
+                      fencing_token=fencing_token, expected_version=expected_version)
 
 
 def by_person(

@@ -1,5 +1,6 @@
 """The ledger's tables. One module per area; everything is importable from here."""
 
+from ledger.models.agent_keys import AgentKey, AgentKeyChange
 from ledger.models.coordination import (
     Lease,
     Run,
@@ -30,6 +31,8 @@ from ledger.models.retention import (
 )
 
 __all__ = [
+    "AgentKey",
+    "AgentKeyChange",
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",

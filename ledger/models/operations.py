@@ -119,6 +119,9 @@ class Operation(models.Model):
 
     objects = OperationQuerySet.as_manager()
 
+    # Not a column: receipts.record_intent sets it on the operation this call inserted.
+    recorded_now = False
+
     class Meta:
         constraints = [
             models.UniqueConstraint(

@@ -10,7 +10,7 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from ledger import access, chain, episodes, facts, leases, obligations, retention, runs
+from ledger import access, agent_keys, chain, episodes, facts, leases, obligations, retention, runs
 from ledger.errors import PermissionDenied
 from ledger.models import PurgeRun, Run, TenantAccess, TenantAccessChange
 from ledger.states import State
@@ -56,6 +56,7 @@ def populate(tenant: str, root) -> None:
     obligations.open(run, "email.send", f"ob-{tenant}")
     episodes.record(run, "tool", content=f"said in {tenant}")
     access.grant(UserFactory(username=f"{tenant}-reader", tenants=[]), tenant, by=root)
+    agent_keys.create(f"bot-{tenant}", tenants=[tenant], user=root)
     retention.set_policy("*", tenant=tenant, purge_after_days=30, redact_after_days=10,
                          user=root)
     complete_days_ago(old, 31)
