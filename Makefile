@@ -32,7 +32,10 @@ serve: migrate
 	$(PY) manage.py collectstatic --no-input --verbosity 0
 	PORT=$(PORT) $(VENV)/bin/gunicorn -c config/gunicorn.conf.py config.asgi:application
 
+# Migrations first: a model, or the transition table behind the operations trigger
+# (ledger/states.py), changed without its migration fails here.
 test: install
+	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

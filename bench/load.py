@@ -48,7 +48,7 @@ if __package__ in (None, ""):
 from bench.common import BENCH_DATABASE, ROOT, Stopwatch, ms, print_table, record  # noqa: E402
 
 # The simulated service and its reconciler: the one place this script names their module.
-SIMULATED_ARTICLES = "ledger.simulated.articles"
+SIMULATED_ARTICLES = "demo.simulated.articles"
 
 AGENTS = 20
 REVIEWERS = 5

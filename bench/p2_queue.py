@@ -210,6 +210,7 @@ def main() -> dict:
 
     from ledger import access
     from ledger.models import Operation
+    from review.templatetags.desk import operation_url
 
     small, large = SCALES[args.scale]
     rounds = ROUNDS[args.scale]
@@ -243,7 +244,7 @@ def main() -> dict:
         urls = {
             "queue": ("reviewer", "/"),
             "queue, manual_review": ("reviewer", "/?state=manual_review"),
-            "operation detail": ("reviewer", op.get_absolute_url()),
+            "operation detail": ("reviewer", operation_url(op)),
             "admin changelist": ("admin", "/admin/ledger/operation/"),
         }
         results[size] = measure(clients, urls, rounds)

@@ -28,6 +28,7 @@ GOALS = {
     "P4": ("record_intent: replay / first record", 0.5, "<="),
     "P5": ("record_intent p99: during purge / without", 2.0, "<="),
     "P6": ("obligation commit: same / distinct obligations", None, ""),
+    "P8": ("lifecycle: HTTP API (uvicorn) / in process", 2.0, "<="),
 }
 
 
@@ -36,6 +37,8 @@ ALSO = {
     "P2": lambda r: f"SQL queries constant from the small to the large ledger: "
                     f"{r['queries_constant']}",
     "P3": lambda r: f"as threads of one process: {r['ratio_threads']:.2f}x",
+    "P8": lambda r: f"HTTP median {r['http_median_ms']:.1f} ms, in process "
+                    f"{r['in_process_median_ms']:.1f} ms",
     "P5": lambda r: f"longest purge batch {r['longest_batch_ms']:.0f} ms (goal <= 100 ms)"
                     + ("  met" if r["longest_batch_ms"] <= 100 else "  NOT met"),
 }

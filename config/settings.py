@@ -50,6 +50,10 @@ INSTALLED_APPS = [
     "axes",
     "ledger",
     "review",
+    "demo",
+    # The agent API over HTTP and MCP; "ninja" serves the API docs' assets from static.
+    "ninja",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -152,6 +156,16 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
+# The ledger's models do not know where a desk is mounted: the project says where an
+# operation's page is, for the admin's "View on site" link.
+def _operation_url(operation):
+    from review.templatetags.desk import operation_url
+
+    return operation_url(operation)
+
+
+ABSOLUTE_URL_OVERRIDES = {"ledger.operation": _operation_url}
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -162,7 +176,6 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("LEDGER_STATIC_ROOT", BASE_DIR / "staticfiles"))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -175,7 +188,7 @@ STORAGES = {
 }
 
 # No inline scripts and nothing from another origin: htmx is served from django-htmx's
-# static files, our own scripts from static/.
+# static files, the desk's own from review/static/.
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],
@@ -242,17 +255,18 @@ LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS = int(
     os.environ.get("LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS", 300)
 )
 
-# Ledger limits and defaults.
-LEDGER_MAX_INTENT_BYTES = int(os.environ.get("LEDGER_MAX_INTENT_BYTES", 256 * 1024))
-
-# Reconciliation (ledger.reconcile). A reconciler that raises this many times in a row sends
-# its operation to manual_review; a `submitted` operation older than the threshold whose
-# sender holds no live run lease is turned into outcome_unknown by the sweep.
-LEDGER_RECONCILE_MAX_FAILURES = int(os.environ.get("LEDGER_RECONCILE_MAX_FAILURES", 3))
-LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS", 600))
-# Modules imported before reconciling, so that their `@reconcile.register` classes exist.
+# The ledger's settings (ledger/conf.py lists each with its default); the project sets only
+# these. Each may also come from an environment variable of the same name.
+if os.environ.get("LEDGER_MAX_INTENT_BYTES"):
+    LEDGER_MAX_INTENT_BYTES = int(os.environ["LEDGER_MAX_INTENT_BYTES"])
+if os.environ.get("LEDGER_RECONCILE_MAX_FAILURES"):
+    LEDGER_RECONCILE_MAX_FAILURES = int(os.environ["LEDGER_RECONCILE_MAX_FAILURES"])
+if os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS"):
+    LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ["LEDGER_STALE_SUBMISSION_SECONDS"])
+# The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;
+# a comma-separated list to name your own.
 LEDGER_RECONCILER_MODULES = [
     m.strip()
-    for m in os.environ.get("LEDGER_RECONCILER_MODULES", "ledger.simulated.articles").split(",")
+    for m in os.environ.get("LEDGER_RECONCILER_MODULES", "demo.simulated.articles").split(",")
     if m.strip()
 ]

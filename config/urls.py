@@ -7,6 +7,7 @@ urlpatterns = [
     path("healthz", views_ops.healthz, name="healthz"),
     path("metrics", views_ops.metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
+    path("api/v1/", include(("api.urls", "api-v1"), namespace="api-v1")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("review.urls")),
 ]

@@ -2,24 +2,55 @@
 
 from __future__ import annotations
 
-from ledger.errors import InvalidInput, PermissionDenied
-from ledger.models import TenantAccess
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.errors import PermissionDenied
+from ledger.inputs import check_text
+from ledger.models import TenantAccess, TenantAccessChange
 
 
-def grant(user, tenant: str) -> TenantAccess:
-    """Let `user` see `tenant` (idempotent)."""
-    if not isinstance(tenant, str) or not tenant.strip():
-        raise InvalidInput(f"expected tenant to be a non-empty string, found {tenant!r}")
-    access, _ = TenantAccess.objects.get_or_create(user=user, tenant=tenant)
+def grant(user, tenant: str, *, by=None) -> TenantAccess:
+    """Let `user` see `tenant` (idempotent); a new grant is audited in TenantAccessChange.
+
+    `by` is the person granting it: they need `ledger.add_tenantaccess` and the tenant
+    themselves (PermissionDenied otherwise), so nobody hands out a tenant they cannot see.
+    Without `by` (code: management commands, the demo seed) the grant is audited with no
+    acting user.
+    """
+    check_text(tenant, "tenant", 100)
+    if by is not None:
+        require_perm(by, "ledger.add_tenantaccess", doing="grant tenant access")
+        require_tenant(by, tenant)
+    with transaction.atomic():
+        access, created = TenantAccess.objects.get_or_create(user=user, tenant=tenant)
+        if created:
+            _audit(user, tenant, TenantAccessChange.Action.GRANTED, by)
     user._ledger_tenants = None
     return access
 
 
-def revoke(user, tenant: str) -> bool:
-    """Stop `user` seeing `tenant`; returns whether a grant was removed."""
-    deleted, _ = TenantAccess.objects.filter(user=user, tenant=tenant).delete()
+def revoke(user, tenant: str, *, by=None) -> bool:
+    """Stop `user` seeing `tenant`; returns whether a grant was removed (and audited).
+
+    `by`, the person revoking it, needs `ledger.delete_tenantaccess` and the tenant.
+    """
+    if by is not None:
+        require_perm(by, "ledger.delete_tenantaccess", doing="revoke tenant access")
+        require_tenant(by, tenant)
+    with transaction.atomic():
+        deleted, _ = TenantAccess.objects.filter(user=user, tenant=tenant).delete()
+        if deleted:
+            _audit(user, tenant, TenantAccessChange.Action.REVOKED, by)
     user._ledger_tenants = None
     return bool(deleted)
+
+
+def _audit(user, tenant: str, action: str, by) -> TenantAccessChange:
+    return TenantAccessChange.objects.create(
+        user=user, username=user.get_username(), tenant=tenant, action=action, changed_by=by,
+        changed_by_name=by.get_username() if by is not None else "", changed_at=timezone.now(),
+    )
 
 
 def tenants_for(user) -> frozenset[str] | None:

@@ -7,9 +7,13 @@ class LedgerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from django.core import checks
         from django.db.models.signals import post_migrate
 
+        from ledger import conf
         from ledger.roles import restore_after_flush
+
+        checks.register(conf.check_settings)
 
         # Bootstrap data only (groups, the default policy), as Django does for permissions.
         post_migrate.connect(restore_after_flush, sender=self,

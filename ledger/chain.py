@@ -4,8 +4,9 @@ Each link's hash is `sha256(canonical_json({"body": payload, "prev": <previous h
 "seq": <n>}))`, hex. `link(chain, tenant, payload)` appends one link in the caller's
 transaction: a single upsert on the chain's `ChainHead` row takes the row lock (so
 concurrent writers of one tenant take turns and never fork the chain), advances `seq` and
-computes the hash in PostgreSQL from the head's previous hash, in one round trip. The caller
-stores the returned seq and hash on its own row.
+computes the hash in PostgreSQL (`hash_sql`) from the head's previous hash, in one round
+trip. The caller stores the returned seq and hash on its own row. An operation's event
+makes the same upsert a CTE of the statement that writes it (`ledger.transitions`).
 
 A chain is registered in `CHAINS` with the model that carries it and the function that
 rebuilds a row's payload; `verify` walks every registered chain. Operation events are the
@@ -27,34 +28,34 @@ from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from ledger import access
 from ledger.canonical import canonical_json
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 
 GENESIS = "0" * 64
 
-def _upsert_sql(rows: str) -> str:
-    """The head upsert, inserting one row per row of `rows` (a VALUES list or a SELECT).
 
-    `rows` supplies (chain, tenant, seq, hash) for a new head; params, in order: the
-    canonical JSON body once more and nothing else (see `link` and `link_cte`).
+def hash_sql(body: str, prev: str, seq: str) -> str:
+    """The SQL expression of a link's hash: what `link_hash` computes in Python.
+
+    Its arguments are SQL expressions: the payload's canonical JSON text, the previous
+    link's hash and the link's seq. The writers of links (`link` here, and the statements
+    of `ledger.transitions`) compute every hash with it, inside PostgreSQL.
     """
-    return f"""
+    return (
+        "encode(sha256(convert_to('{\"body\":' || " + body + " || ',\"prev\":\"' || " + prev
+        + " || '\",\"seq\":' || (" + seq + ")::text || '}', 'UTF8')), 'hex')"
+    )
+
+
+# The next link of one chain: a new head at seq 1 after the genesis hash, or the head
+# advanced by one. The upsert locks the head row until the transaction ends.
+_LINK = f"""
     INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
-    {rows}
-    ON CONFLICT (chain, tenant) DO UPDATE SET
-        seq = head.seq + 1,
-        hash = encode(sha256(convert_to(
-            '{{"body":' || %s || ',"prev":"' || head.hash || '","seq":'
-            || (head.seq + 1)::text || '}}', 'UTF8')), 'hex')
+    VALUES (%(chain)s, %(tenant)s, 1, {hash_sql("%(body)s", f"'{GENESIS}'", "1")})
+    ON CONFLICT (chain, tenant) DO UPDATE
+       SET seq = head.seq + 1, hash = {hash_sql("%(body)s", "head.hash", "head.seq + 1")}
     RETURNING seq, hash
-    """
-
-
-_FIRST_HASH = (
-    "encode(sha256(convert_to('{\"body\":' || %s || ',\"prev\":\"' || %s || "
-    "'\",\"seq\":1}', 'UTF8')), 'hex')"
-)
+"""
 
 
 @dataclass(frozen=True)
@@ -69,29 +70,20 @@ def link(chain: str, tenant: str, payload: dict[str, Any]) -> Link:
     The head row stays locked until the caller commits, so appends of one tenant are
     serialized; other tenants never wait. `payload` must be what `CHAINS[chain].payload`
     rebuilds from the stored row, or verification will report the link as broken.
+    (An operation's event links its chain in the statement that writes it: see
+    `ledger.transitions`.)
     """
     if not connection.in_atomic_block:
         raise RuntimeError("expected chain.link inside the writer's transaction, found none")
-    body = canonical_json(normalize(payload))
     with connection.cursor() as cursor:
-        cursor.execute(
-            _upsert_sql(f"VALUES (%s, %s, 1, {_FIRST_HASH})"),
-            [chain, tenant, body, GENESIS, body],
-        )
+        cursor.execute(_LINK, {"chain": chain, "tenant": tenant, "body": link_body(payload)})
         seq, digest = cursor.fetchone()
     return Link(seq=seq, hash=digest)
 
 
-def link_cte(chain: str, source: str, payload: dict[str, Any]) -> tuple[str, list[Any]]:
-    """`link` as a CTE body for one statement that also writes the chained row.
-
-    One link per row of the CTE `source` (which must have a `tenant` column): when the
-    source is empty (a compare-and-set that lost), the chain is not touched. Returns the
-    SQL (yielding `seq`, `hash`) and its params.
-    """
-    body = canonical_json(normalize(payload))
-    rows = f"SELECT %s, {source}.tenant, 1, {_FIRST_HASH} FROM {source}"
-    return _upsert_sql(rows), [chain, body, GENESIS, body]
+def link_body(payload: dict[str, Any]) -> str:
+    """The text a link's hash covers for `payload`: its canonical JSON, as jsonb reads back."""
+    return canonical_json(normalize(payload))
 
 
 def link_hash(payload: dict[str, Any], *, prev: str, seq: int) -> str:
@@ -322,89 +314,4 @@ def _verify_one(spec: ChainSpec, head: ChainHead) -> tuple[int, Break | None]:
 def _rows_in_order(spec: ChainSpec, tenant: str) -> Iterator[Model]:
     return (
         spec.rows().filter(tenant=tenant).order_by(spec.seq_field).iterator(chunk_size=2000)
-    )
-
-
-# --- selectors --------------------------------------------------------------------------
-
-
-def audit_status(tenants=None) -> dict[str, Any]:
-    """Chain heads (of `tenants`; None: all) and the last verification, for the desk."""
-    heads = ChainHead.objects.all()
-    if tenants is not None:
-        heads = heads.filter(tenant__in=tenants)
-    return {
-        "heads": list(heads.values("chain", "tenant", "seq", "hash")),
-        "last_verification": AuditVerification.objects.order_by("-finished_at", "-id").first(),
-    }
-
-
-@dataclass(frozen=True)
-class HeadStatus:
-    """One chain head as a user sees it, with what the last verification found for it."""
-
-    chain: str
-    tenant: str
-    seq: int
-    hash: str
-    verified_seq: int | None  # the head's seq when last verified; None: never verified
-    verified_intact: bool | None
-
-    @property
-    def short_hash(self) -> str:
-        return self.hash[:12]
-
-    @property
-    def links_since_verified(self) -> int:
-        return self.seq - (self.verified_seq or 0)
-
-
-@dataclass(frozen=True)
-class VisibleAuditStatus:
-    """`audit_status` limited to the tenants one user may see.
-
-    `is_intact` is the last verification's verdict over those tenants' chains only, and
-    `first_break` is the first broken link among them: a break in a tenant the user may not
-    see is neither shown nor hinted at. Both are None when nothing was verified yet.
-    """
-
-    heads: list[HeadStatus]
-    verification: AuditVerification | None
-    links_checked: int
-    is_intact: bool | None
-    first_break: dict[str, Any] | None
-
-
-def audit_status_for(user) -> VisibleAuditStatus:
-    """The chain heads of the tenants `user` may see and the last verification of them.
-
-    Two queries (the user's tenant grants aside), whatever the number of chains.
-    """
-    tenants = access.tenants_for(user)
-    status = audit_status(tenants)
-    verification = status["last_verification"]
-    visible = (lambda tenant: True) if tenants is None else (lambda tenant: tenant in tenants)
-    checked = {}
-    if verification is not None:
-        checked = {(h["chain"], h["tenant"]): h for h in verification.heads
-                   if visible(h["tenant"])}
-    heads = [
-        HeadStatus(
-            chain=head["chain"], tenant=head["tenant"], seq=head["seq"], hash=head["hash"],
-            verified_seq=checked.get((head["chain"], head["tenant"]), {}).get("seq"),
-            verified_intact=checked.get((head["chain"], head["tenant"]), {}).get("is_intact"),
-        )
-        for head in sorted(status["heads"], key=lambda h: (h["tenant"], h["chain"]))
-    ]
-    if verification is None:
-        return VisibleAuditStatus(heads=heads, verification=None, links_checked=0,
-                                  is_intact=None, first_break=None)
-    first_break = verification.first_break
-    if first_break is not None and not visible(first_break.get("tenant", "")):
-        first_break = None
-    return VisibleAuditStatus(
-        heads=heads, verification=verification,
-        links_checked=sum(h.get("links_checked", 0) for h in checked.values()),
-        is_intact=all(h.get("is_intact", True) for h in checked.values()),
-        first_break=first_break,
     )

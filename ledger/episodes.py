@@ -12,7 +12,7 @@ from django.db import transaction
 from ledger import runs
 from ledger.canonical import scrub_text
 from ledger.errors import InvalidInput
-from ledger.inputs import check_text
+from ledger.inputs import check_string, check_text
 from ledger.models import Episode, Run
 
 MAX_CONTENT_CHARS = 1_000_000
@@ -24,14 +24,11 @@ def record(
     """Append an episode said by `role` ("user", "assistant", "tool", ...) to `run`.
 
     Give `content`, `content_ref` (where the full text is stored), or both. Credentials
-    in `content` (after `Bearer`, `password=`, ...) are masked before it is stored.
+    in either (`Bearer` values, `password=`, signed-URL parameters...) are masked before
+    they are stored.
     """
     check_text(role, "role", 50)
-    if not isinstance(content_ref, str) or len(content_ref) > 1000:
-        raise InvalidInput(
-            f"expected content_ref to be a string of at most 1000 characters, found "
-            f"{content_ref!r:.80}"
-        )
+    content_ref = scrub_text(check_string(content_ref, "content_ref", 1000))
     if content is not None and not isinstance(content, str):
         raise InvalidInput(f"expected content to be a string or None, found "
                            f"{type(content).__name__}")

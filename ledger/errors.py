@@ -79,3 +79,8 @@ class DependencyNotMet(LedgerError):
 
 class PermissionDenied(LedgerError):
     """The acting user lacks the permission or the tenant grant for this action."""
+
+
+class NotFound(LedgerError, LookupError):
+    """No such object among the tenants the caller may see (an invisible object is
+    reported exactly like a missing one: the desk and the API answer 404)."""

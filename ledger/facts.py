@@ -18,13 +18,13 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import access, chain, leases
+from ledger import access, chain, leases, runs
 from ledger.canonical import check_json, fingerprint, redact, scrub_text
 from ledger.errors import InvalidInput, StaleFact, StaleVersion
-from ledger.inputs import check_aware, check_text
+from ledger.inputs import check_aware, check_reason, check_text, check_whole_number
 from ledger.models import (
     ConflictState,
     Fact,
@@ -33,6 +33,7 @@ from ledger.models import (
     FactStatus,
     Run,
 )
+from ledger.selectors import facts as fact_reads
 
 REVIEWER_SOURCE_PREFIX = "reviewer:"
 
@@ -62,21 +63,14 @@ def assert_fact(
     """
     check_text(subject, "subject", 500)
     check_text(predicate, "predicate", 200)
-    check_text(source, "source", 500)
+    source = check_text(scrub_text(source), "source", 500)
     check_text(tenant, "tenant", 100)
-    if expected_version is not None and (
-        isinstance(expected_version, bool) or not isinstance(expected_version, int)
-        or expected_version < 1
-    ):
-        raise InvalidInput(
-            f"expected expected_version to be None or a version number >= 1, found "
-            f"{expected_version!r}"
-        )
+    if expected_version is not None:
+        check_whole_number(expected_version, low=1,
+                           expected="expected_version to be None or a version number >= 1")
     check_aware(observed_at, "observed_at")
     check_json(value, what="value")
     value = redact(value)
-    from ledger import runs
-
     run_obj = runs.as_run(run, tenant=tenant) if run is not None else None
     if fencing_token is not None and run_obj is None:
         raise InvalidInput("expected a run when a fencing_token is given, found run=None")
@@ -92,7 +86,7 @@ def assert_fact(
 
 
 def _write(new: Fact, expected_version: int | None) -> Fact:
-    current = _current(new.tenant, new.subject, new.predicate)
+    current = fact_reads.current_fact(new.tenant, new.subject, new.predicate)
     if current is None:
         if expected_version is not None:
             raise StaleFact(
@@ -104,7 +98,7 @@ def _write(new: Fact, expected_version: int | None) -> Fact:
         if first is not None:
             return first
         # A concurrent writer recorded the first value before us: contest it below.
-        current = _current(new.tenant, new.subject, new.predicate)
+        current = fact_reads.current_fact(new.tenant, new.subject, new.predicate)
     if current.value_fingerprint == new.value_fingerprint:
         return current
     if expected_version == current.version:
@@ -112,18 +106,10 @@ def _write(new: Fact, expected_version: int | None) -> Fact:
         if successor is not None:
             return successor
         # Someone superseded the same version first: their version is the current one now.
-        current = _current(new.tenant, new.subject, new.predicate)
+        current = fact_reads.current_fact(new.tenant, new.subject, new.predicate)
         if current.value_fingerprint == new.value_fingerprint:
             return current
     return _keep_as_candidate(current, new)
-
-
-def _current(tenant: str, subject: str, predicate: str) -> Fact | None:
-    return (
-        Fact.objects.current()
-        .filter(tenant=tenant, subject=subject, predicate=predicate)
-        .first()
-    )
 
 
 def _next_id() -> int:
@@ -176,28 +162,29 @@ def _keep_as_candidate(current: Fact, new: Fact) -> Fact:
     return candidate
 
 
-# --- reads -------------------------------------------------------------------------------
+# --- reads (answered by ledger.selectors.facts) -----------------------------------------
 
 
 def read_facts(subject: str, *, tenant: str = "default") -> list[Fact]:
     """The current version of every predicate of `subject`, by predicate. Never candidates
     or superseded versions."""
-    return list(
-        Fact.objects.current().filter(tenant=tenant, subject=subject)
-        .select_related("run").order_by("predicate")
-    )
+    return fact_reads.current_facts(subject, tenant=tenant)
 
 
 def read_fact(subject: str, predicate: str, *, tenant: str = "default") -> Fact | None:
     """The current version of (subject, predicate), or None."""
-    return _current(tenant, subject, predicate)
+    return fact_reads.current_fact(tenant, subject, predicate)
 
 
 def history(subject: str, predicate: str, *, tenant: str = "default") -> list[Fact]:
     """Every version of (subject, predicate), oldest first, then the candidates."""
-    facts = Fact.objects.filter(tenant=tenant, subject=subject, predicate=predicate)
-    return sorted(facts.select_related("run"),
-                  key=lambda f: (f.version is None, f.version or 0, f.pk))
+    return fact_reads.history(subject, predicate, tenant=tenant)
+
+
+def open_conflicts(*, tenants=None) -> QuerySet[FactConflict]:
+    """Open conflicts of the given tenants (None: every tenant), oldest first, with both
+    sides loaded."""
+    return fact_reads.open_conflicts(tenants=tenants)
 
 
 def require_current(fact: Fact) -> Fact:
@@ -208,7 +195,7 @@ def require_current(fact: Fact) -> Fact:
     fresh = Fact.objects.filter(pk=fact.pk).first()
     if fresh is not None and fresh.is_current:
         return fresh
-    current = _current(fact.tenant, fact.subject, fact.predicate)
+    current = fact_reads.current_fact(fact.tenant, fact.subject, fact.predicate)
     what = f"version {fact.version}" if fact.version else "a candidate"
     found = (
         "no current version" if current is None else
@@ -218,29 +205,6 @@ def require_current(fact: Fact) -> Fact:
     raise StaleFact(
         f"expected {what} of {fact.subject} {fact.predicate} to be current, found {found}",
         current=current,
-    )
-
-
-def facts_of_run(run: Run) -> list[Fact]:
-    """The current version of every (subject, predicate) the run ever wrote, whoever wrote
-    that version: what the run's successor must know."""
-    touched = Fact.objects.filter(
-        run=run, tenant=OuterRef("tenant"), subject=OuterRef("subject"),
-        predicate=OuterRef("predicate"),
-    )
-    return list(
-        Fact.objects.current().filter(tenant=run.tenant).filter(Exists(touched))
-        .select_related("run").order_by("subject", "predicate")
-    )
-
-
-def open_conflicts(*, tenants=None):
-    """Open conflicts of the given tenants (None: every tenant), oldest first, with both
-    sides loaded."""
-    return (
-        FactConflict.objects.open().for_tenants(tenants)
-        .select_related("current", "candidate", "current__run", "candidate__run")
-        .order_by("created_at", "id")
     )
 
 
@@ -267,12 +231,11 @@ def resolve_conflict(
     """
     if not isinstance(conflict, FactConflict) or conflict.pk is None:
         raise InvalidInput(f"expected a saved FactConflict, found {conflict!r}")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput(f"expected a non-empty reason for the decision, found {reason!r}")
+    reason = check_reason(reason)
     access.require_perm(user, "ledger.resolve_factconflict", doing="decide fact conflicts")
     access.require_tenant(user, conflict.tenant)
     chosen = _winner(conflict, winner)
-    reason = scrub_text(reason.strip())
+    reason = scrub_text(reason)
     username = user.get_username()
     with transaction.atomic(durable=True):
         _lock_open(conflict)
@@ -323,7 +286,7 @@ def _lock_open(conflict: FactConflict) -> None:
 
 def _write_decision(conflict, chosen: Fact, username: str, expected_version) -> Fact:
     expected = conflict.current.version if expected_version is None else expected_version
-    current = _current(conflict.tenant, conflict.subject, conflict.predicate)
+    current = fact_reads.current_fact(conflict.tenant, conflict.subject, conflict.predicate)
     new = Fact(
         tenant=conflict.tenant, subject=conflict.subject, predicate=conflict.predicate,
         value=chosen.value, value_fingerprint=chosen.value_fingerprint,
@@ -331,7 +294,7 @@ def _write_decision(conflict, chosen: Fact, username: str, expected_version) -> 
     )
     successor = _supersede(current, new) if current.version == expected else None
     if successor is None:
-        current = _current(conflict.tenant, conflict.subject, conflict.predicate)
+        current = fact_reads.current_fact(conflict.tenant, conflict.subject, conflict.predicate)
         raise StaleFact(
             f"expected version {expected} of {conflict.subject} {conflict.predicate} to be "
             f"current to decide conflict {conflict.pk}, found version {current.version} from "

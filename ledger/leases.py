@@ -15,20 +15,19 @@ from datetime import timedelta
 
 from django.db import connection
 
-from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken
+from ledger.errors import LeaseHeld, StaleFencingToken
+from ledger.inputs import check_positive_duration, check_text
 from ledger.prepared import prepared_cursor
 
 
 def _check_ttl(ttl: timedelta) -> None:
-    if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
-        raise InvalidInput(f"expected ttl to be a positive timedelta, found {ttl!r}")
+    check_positive_duration(ttl, "ttl")
 
 
 def _check_names(resource: str, owner: str | None = None) -> None:
-    if not isinstance(resource, str) or not resource.strip():
-        raise InvalidInput(f"expected resource to be a non-empty string, found {resource!r}")
-    if owner is not None and (not isinstance(owner, str) or not owner.strip()):
-        raise InvalidInput(f"expected owner to be a non-empty string, found {owner!r}")
+    check_text(resource, "resource")
+    if owner is not None:
+        check_text(owner, "owner")
 
 
 def acquire(resource: str, owner: str, ttl: timedelta) -> int:

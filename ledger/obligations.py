@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from ledger import leases, runs
@@ -19,6 +20,7 @@ from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import AlreadyCommitted, IdempotencyKeyReused, IllegalTransition, InvalidInput
 from ledger.inputs import check_aware, check_text
 from ledger.models import Obligation, ObligationState, Run
+from ledger.selectors import runs as run_reads
 
 
 def open(  # the contract's name; it shadows the builtin only inside this module
@@ -98,18 +100,10 @@ def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obliga
     raise _not_open(key, obligation, doing="cancel")
 
 
-def overdue(*, tenants=None, now: datetime | None = None):
+def overdue(*, tenants=None, now: datetime | None = None) -> QuerySet[Obligation]:
     """Open obligations past their deadline, of the given tenants (None: every tenant),
     most overdue first."""
-    return (
-        Obligation.objects.overdue(now).for_tenants(tenants)
-        .select_related("run").order_by("deadline", "id")
-    )
-
-
-def pending(run: Run) -> list[Obligation]:
-    """The run's open obligations, oldest first."""
-    return list(Obligation.objects.pending().filter(run=run).order_by("created_at", "id"))
+    return run_reads.overdue_obligations(tenants=tenants, now=now)
 
 
 def _run_pk(key: str) -> int:

@@ -32,18 +32,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import audit, leases
+from ledger import conf, leases, rows, transitions
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
+from ledger.inputs import check_duration, check_text, check_whole_number
 from ledger.models import Evidence, Lease, Operation
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
-from ledger.receipts import apply_transition
-from ledger.states import ActorKind, RetryPolicy, State
+from ledger.states import RetryPolicy, State
 
 logger = logging.getLogger("ledger.reconcile")
 
@@ -194,7 +193,7 @@ def autodiscover() -> None:
     global _discovered
     if _discovered:
         return
-    for module in getattr(settings, "LEDGER_RECONCILER_MODULES", ()):
+    for module in conf.RECONCILER_MODULES:
         importlib.import_module(module)
     _discovered = True
 
@@ -280,7 +279,7 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
     common = {"reconciler": cls.label(), "query": redact(query),
               "observed": redact(verdict.observed)}
     if isinstance(verdict, Found):
-        external_id = verdict.external_id
+        external_id = scrub_text(verdict.external_id)
         if not isinstance(external_id, str) or not external_id.strip() or len(external_id) > 500:
             raise InvalidInput(
                 f"expected Found to carry a non-empty external id of at most 500 characters, "
@@ -337,7 +336,7 @@ def claim_next(
 # than sorting every due one). Written out once and prepared: every worker runs them before
 # every operation, and compiling them through the ORM cost more CPU than the rest of a claim.
 _CLAIM_ORPHANED = f"""
-    SELECT {audit.OPERATION_COLUMNS} FROM ledger_operation
+    SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
      WHERE state = '{State.RECONCILING}'
        AND NOT EXISTS (SELECT 1 FROM ledger_lease
                         WHERE resource = 'reconcile:' || ledger_operation.operation_id
@@ -348,7 +347,7 @@ _CLAIM_ORPHANED = f"""
        FOR UPDATE OF ledger_operation SKIP LOCKED
 """
 _CLAIM_UNKNOWN = f"""
-    SELECT {audit.OPERATION_COLUMNS} FROM ledger_operation
+    SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
      WHERE state = '{State.OUTCOME_UNKNOWN}'
        AND (next_attempt_at IS NULL OR next_attempt_at <= %s)
        AND NOT (id = ANY(%s::bigint[]))
@@ -369,7 +368,7 @@ def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | 
                 row = cursor.fetchone()
         if row is None:
             return None
-        op = audit.operation_from_row(row)
+        op = rows.operation_from_row(row)
         resource = f"reconcile:{op.operation_id}"
         previous_owner = ""
         if op.state == State.RECONCILING:
@@ -384,20 +383,16 @@ def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | 
             exc.operation_pk = op.pk
             raise
         if op.state == State.OUTCOME_UNKNOWN:
-            apply_transition(
-                op, State.RECONCILING, actor_kind=ActorKind.RECONCILER, actor_id=worker,
+            transitions.by_reconciler(
+                op, State.RECONCILING, worker=worker, token=token, resource=resource,
                 reason=f"claimed by {worker} (attempt {op.reconcile_attempts + 1})",
-                fencing_token=token, fencing_resource=resource,
             )
     return Claim(operation=op, worker=worker, token=token, resource=resource,
                  version=op.version, taken_over_from=previous_owner)
 
 
 def _check_worker(worker: Any) -> None:
-    if not isinstance(worker, str) or not worker.strip() or len(worker) > 200:
-        raise InvalidInput(
-            f"expected worker to be a non-empty name of at most 200 characters, found {worker!r}"
-        )
+    check_text(worker, "worker", 200)
 
 
 # --- settling: verdict, evidence and transition in one fenced transaction ------------------
@@ -428,10 +423,9 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
         leases.release(claim.resource, claim.worker, claim.token)
         # Last: the transition links the tenant's audit chain, whose head stays locked to
         # the commit, and every writer of the tenant waits for it.
-        apply_transition(
-            op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=claim.worker,
-            reason=reason, fencing_token=claim.token, fencing_resource=claim.resource,
-            expected_version=claim.version, changes=changes,
+        transitions.by_reconciler(
+            op, to_state, worker=claim.worker, token=claim.token, resource=claim.resource,
+            reason=reason, expected_version=claim.version, changes=changes,
             evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
                       "matched_by": outcome.matched_by},
         )
@@ -471,7 +465,7 @@ def _decide(
                 changes)
     # ERROR
     failures = op.reconcile_failures + 1
-    limit = cls.max_failures or settings.LEDGER_RECONCILE_MAX_FAILURES
+    limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
     changes["reconcile_failures"] = failures
     if failures >= limit:
         return (State.MANUAL_REVIEW,
@@ -514,11 +508,10 @@ def run_once(
     called after each stored verdict (the `reconcile` command prints them).
     """
     _check_worker(worker)
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise InvalidInput(f"expected limit to be a positive integer, found {limit!r}")
+    check_whole_number(limit, low=1, expected="limit to be a positive integer")
     autodiscover()
     if stale_after is None:
-        stale_after = timedelta(seconds=settings.LEDGER_STALE_SUBMISSION_SECONDS)
+        stale_after = timedelta(seconds=conf.STALE_SUBMISSION_SECONDS)
     sweep_stale_submissions(older_than=stale_after)
     finished = 0
     seen: set[int] = set()
@@ -547,7 +540,7 @@ def run_once(
 # Submitted before the cutoff, and no live lease on the run (or no run). Every pass of
 # every worker runs it first, so it is written out once and prepared, as the claims are.
 _STALE = f"""
-    SELECT {audit.operation_columns("o")}, r.run_id, l.owner, l.expires_at
+    SELECT {rows.operation_columns("o")}, r.run_id, l.owner, l.expires_at
       FROM ledger_operation o
       LEFT JOIN ledger_run r ON r.id = o.run_id
       LEFT JOIN ledger_lease l ON l.resource = 'run:' || r.run_id
@@ -565,22 +558,19 @@ def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
     Gone: no live lease `run:<run_id>` (an operation without a run counts as gone once
     old). Each gets an event saying why. Returns how many it moved. Never sends anything.
     """
-    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-        raise InvalidInput(f"expected older_than to be a timedelta >= 0, found {older_than!r}")
+    check_duration(older_than, "older_than")
     cutoff = timezone.now() - older_than
     moved = 0
     with transaction.atomic(durable=True):
         with prepared_cursor() as cursor:
             cursor.execute(_STALE, [cutoff, limit])
-            rows = cursor.fetchall()
-        for row in rows:
-            op = audit.operation_from_row(row)
+            stale = cursor.fetchall()
+        for row in stale:
+            op = rows.operation_from_row(row)
             op.run_name, op.lease_owner, op.lease_expired_at = row[-3:]
             reason = _why_gone(op, older_than)
-            apply_transition(
-                op, State.OUTCOME_UNKNOWN, actor_kind=ActorKind.SYSTEM,
-                actor_id="sweep_stale_submissions", reason=reason,
-                changes={"error_code": "SenderGone", "error_detail": reason},
+            transitions.by_sweep(
+                op, reason=reason,
                 evidence={"submitted_at": op.submitted_at.isoformat(), "run": op.run_name,
                           "lease_owner": op.lease_owner,
                           "lease_expired_at": op.lease_expired_at.isoformat()

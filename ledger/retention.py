@@ -30,6 +30,12 @@ from django.utils import timezone
 from ledger import access, chain
 from ledger.canonical import REDACTED, canonical_json
 from ledger.errors import InvalidInput
+from ledger.inputs import (
+    check_duration,
+    check_operation_pattern,
+    check_tenant_or_every,
+    check_whole_number,
+)
 from ledger.models import (
     ChainAnchor,
     PurgeRun,
@@ -42,7 +48,6 @@ from ledger.states import TERMINAL
 # What a redacted intent, evidence query or observation holds instead of its payload.
 REDACTED_PAYLOAD = {"retention": REDACTED}
 MAX_DAYS = 36500
-_PATTERN = re.compile(r"^[A-Za-z0-9_.:/*?-]+$")
 _WILDCARDS = "*?"
 MAX_PAUSE = timedelta(minutes=1)
 # What `manage.py purge` waits after each batch unless told otherwise: between batches the
@@ -162,14 +167,8 @@ def _audit(policy, action, *, user, before, after, now) -> RetentionChange:
 
 
 def check_policy_values(pattern, tenant, purge_after_days, redact_after_days, keep_events_days):
-    if not isinstance(pattern, str) or not _PATTERN.match(pattern) or len(pattern) > 200:
-        raise InvalidInput(
-            "expected a pattern of operation-name characters (letters, digits, _ . : / -) and "
-            f"wildcards * ?, at most 200 long, found {pattern!r}"
-        )
-    if not isinstance(tenant, str) or len(tenant) > 100 or tenant != tenant.strip():
-        raise InvalidInput(f"expected tenant to be a tenant name or '' (every tenant), "
-                           f"found {tenant!r}")
+    check_operation_pattern(pattern)
+    check_tenant_or_every(tenant)
     _check_days("purge_after_days", purge_after_days)
     if keep_events_days is None:
         keep_events_days = purge_after_days
@@ -186,9 +185,8 @@ def check_policy_values(pattern, tenant, purge_after_days, redact_after_days, ke
 
 
 def _check_days(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DAYS:
-        raise InvalidInput(f"expected {name} to be a whole number of days from 1 to "
-                           f"{MAX_DAYS}, found {value!r}")
+    check_whole_number(value, low=1, high=MAX_DAYS,
+                       expected=f"{name} to be a whole number of days from 1 to {MAX_DAYS}")
 
 
 # --- eligibility (SQL over `o`, an alias of ledger_operation) ----------------------------
@@ -275,7 +273,7 @@ def _redactable_sql(policy, ordered, now: datetime) -> tuple[str, list] | None:
             f"AND {governs}{_kept_sql()}", [cutoff, *params])
 
 
-# --- preview -----------------------------------------------------------------------------
+# --- what a purge would do ---------------------------------------------------------------
 
 
 @dataclass
@@ -289,36 +287,17 @@ class PolicyPreview:
     last_operation_id: str = ""
 
 
-@dataclass(frozen=True)
-class TableSize:
-    table: str
-    rows: int
-    total_bytes: int
-
-
-LEDGER_TABLES = (
-    "ledger_operation", "ledger_operationevent", "ledger_evidence", "ledger_redaction",
-    "ledger_chainanchor", "ledger_purgerun", "ledger_retentionchange", "ledger_fact",
-    "ledger_factconflict", "ledger_factdecision", "ledger_obligation", "ledger_episode",
-    "ledger_run", "ledger_step",
-)
-
-
-def preview(*, now: datetime | None = None) -> list[PolicyPreview]:
-    """Per policy (most specific first): what the next purge would delete and redact now.
-
-    One statement whatever the number of policies.
-    """
-    now = now or timezone.now()
-    ordered = policies_by_specificity()
-    return _previews(ordered, ordered, now)
-
-
 def _preview_one(policy, ordered, now) -> PolicyPreview:
-    return _previews([policy], ordered, now)[0]
+    return preview_policies([policy], ordered=ordered, now=now)[0]
 
 
-def _previews(policies, ordered, now) -> list[PolicyPreview]:
+def preview_policies(policies: list[RetentionPolicy], *, ordered: list[RetentionPolicy],
+                     now: datetime) -> list[PolicyPreview]:
+    """Per policy of `policies`: what the next purge would delete and redact at `now`, with
+    the same rule the purge applies (`ordered`: every policy, most specific first, as
+    `policies_by_specificity` returns them). One statement whatever the number of policies;
+    the desk's preview (`ledger.selectors.retention.preview`) and a dry run both count here.
+    """
     if not policies:
         return []
     parts, params = [], []
@@ -362,35 +341,6 @@ def _preview_sql(index: int, policy, ordered, now) -> tuple[str, list]:
     return sql, [*params, index, *redaction_params]
 
 
-def table_sizes() -> list[TableSize]:
-    """Rows (exact) and on-disk size with indexes and TOAST of the ledger's big tables.
-
-    One statement.
-    """
-    sql = " UNION ALL ".join(
-        f"SELECT '{table}', count(*), pg_total_relation_size('{table}') FROM {table}"
-        for table in LEDGER_TABLES
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql)
-        rows = sorted(cursor.fetchall(), key=lambda row: LEDGER_TABLES.index(row[0]))
-    return [TableSize(table=table, rows=count, total_bytes=total) for table, count, total in rows]
-
-
-def retention_overview(user, *, now: datetime | None = None) -> dict[str, Any]:
-    """What the desk's retention page shows: per-policy preview, the ledger's size, the
-    recent purge runs and policy changes. A fixed number of queries whatever the number of
-    policies. Needs `ledger.view_retentionpolicy` (PermissionDenied otherwise).
-    """
-    access.require_perm(user, "ledger.view_retentionpolicy", doing="see retention")
-    return {
-        "previews": preview(now=now),
-        "tables": table_sizes(),
-        "last_runs": list(PurgeRun.objects.order_by("-started_at", "-id")[:10]),
-        "changes": list(RetentionChange.objects.order_by("-changed_at", "-id")[:20]),
-    }
-
-
 # --- the purge ---------------------------------------------------------------------------
 
 
@@ -421,12 +371,8 @@ def purge(
     batch (outside any transaction), leaving the database's CPU and WAL to the agents writing
     meanwhile: bench/ P5 measures what it buys them.
     """
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
-        raise InvalidInput(f"expected batch to be from 1 to 10000 operations, found {batch!r}")
-    if not isinstance(pause, timedelta) or not timedelta(0) <= pause <= MAX_PAUSE:
-        raise InvalidInput(
-            f"expected pause to be a timedelta from 0 to {MAX_PAUSE}, found {pause!r}"
-        )
+    check_whole_number(batch, low=1, high=10_000, expected="batch to be from 1 to 10000 operations")
+    check_duration(pause, "pause", high=MAX_PAUSE)
     now = now or timezone.now()
     say = progress or (lambda message: None)
     ordered = policies_by_specificity()

@@ -18,10 +18,12 @@ _REVIEW = ["resolve_operation", "resolve_factconflict"]
 _ADMIN = [
     "override_retry_policy",
     "view_tenantaccess", "add_tenantaccess", "change_tenantaccess", "delete_tenantaccess",
+    "view_tenantaccesschange",
     "change_run",
     "view_retentionpolicy", "add_retentionpolicy", "change_retentionpolicy",
     "delete_retentionpolicy", "view_retentionchange", "view_purgerun", "view_redaction",
     "view_chainanchor",
+    "view_agentkey", "add_agentkey", "change_agentkey", "view_agentkeychange",
 ]
 
 # The current permissions of each role: the union of what the migrations granted.

@@ -19,8 +19,8 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ledger import facts as facts_api
-from ledger import leases, states
+from ledger import leases
+from ledger.canonical import scrub_text
 from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
 from ledger.inputs import check_names, check_text
 from ledger.models import (
@@ -33,6 +33,7 @@ from ledger.models import (
     Step,
     StepState,
 )
+from ledger.selectors.runs import run_records
 
 DEFAULT_RESUME_TTL = timedelta(minutes=5)
 
@@ -54,11 +55,45 @@ def as_run(run: Run | str, *, tenant: str | None = None) -> Run:
     return run
 
 
+def as_run_and_step(
+    run: Run | str | None, step: Step | str | None, *, tenant: str
+) -> tuple[Run | None, Step | None]:
+    """The run and step an agent's write names, each given as an object, an id or None.
+
+    A step given by step_id needs its run; a Step object brings its run along when none is
+    given. InvalidInput when either does not exist, the run belongs to another tenant than
+    `tenant`, or the step to another run.
+    """
+    run = as_run(run, tenant=tenant) if run is not None else None
+    if isinstance(step, str):
+        if run is None:
+            raise InvalidInput(f"expected a run with step {step!r}, found run=None")
+        found = Step.objects.filter(run=run, step_id=step).first()
+        if found is None:
+            raise InvalidInput(
+                f"expected step {step!r} to exist in run {run.run_id}, found no such step"
+            )
+        return run, found
+    if step is None:
+        return run, None
+    if not isinstance(step, Step):
+        raise InvalidInput(
+            f"expected step to be a Step or a step_id, found {type(step).__name__}"
+        )
+    if run is None:
+        return as_run(step.run, tenant=tenant), step
+    if step.run_id != run.pk:
+        raise InvalidInput(
+            f"expected step {step.step_id} to belong to run {run.run_id}, found another run"
+        )
+    return run, step
+
+
 def start(objective: str, *, tenant: str = "default", run_id: str | None = None) -> Run:
     """Start a run working on `objective`; returns it. With the `run_id` of an existing run
     of the same tenant and objective, returns that run (starting twice is harmless); with
     another tenant or objective, InvalidInput."""
-    check_text(objective, "objective", 10_000)
+    objective = check_text(scrub_text(objective), "objective", 10_000)
     check_text(tenant, "tenant", 100)
     if run_id is None:
         run_id = f"run-{timezone.now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
@@ -237,27 +272,17 @@ def hand_off(run_id: str | Run) -> Resume:
 
 
 def _view(run: Run, token: int | None, holder: str | None) -> Resume:
-    steps = Step.objects.filter(run=run).prefetch_related("depends_on").order_by("id")
-    operations = (
-        Operation.objects.filter(run=run).exclude(state__in=states.TERMINAL)
-        .select_related("step").order_by("created_at", "id")
-    )
-    conflicts = (
-        FactConflict.objects.open().filter(candidate__run=run)
-        .select_related("current", "candidate").order_by("created_at", "id")
-    )
+    records = run_records(run, open_only=True)
     return Resume(
         run=run,
         token=token,
         holder=holder,
         objective=run.objective,
-        steps=tuple(steps),
-        open_operations=tuple(operations),
-        pending_obligations=tuple(
-            Obligation.objects.pending().filter(run=run).order_by("created_at", "id")
-        ),
-        facts=tuple(facts_api.facts_of_run(run)),
-        open_conflicts=tuple(conflicts),
+        steps=tuple(records.steps),
+        open_operations=tuple(records.operations),
+        pending_obligations=tuple(records.obligations),
+        facts=tuple(records.facts),
+        open_conflicts=tuple(records.open_conflicts),
     )
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime, time, timedelta
 
 from django import forms
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from ledger import selectors
-from ledger.states import RESOLUTIONS, State
+from ledger.states import QUEUE_STATES, RESOLUTIONS, State
 
 AGES = {
     "": None,
@@ -23,15 +24,21 @@ AGE_CHOICES = [
 ]
 QUEUE_STATE_CHOICES = [
     ("", "all waiting"),
-    (State.OUTCOME_UNKNOWN, State.OUTCOME_UNKNOWN.label),
-    (State.MANUAL_REVIEW, State.MANUAL_REVIEW.label),
+    *((state, State(state).label) for state in QUEUE_STATES),
     (selectors.CONFLICTING, "Conflicting"),
 ]
+# The button of each decision a reviewer may take (`ledger.states.RESOLUTIONS`, derived
+# from the state table): a decision the table gains without a label here stops the import.
 ACTION_LABELS = {
     State.SUCCEEDED: "Mark succeeded",
     State.SAFE_TO_RETRY: "Safe to retry",
     State.ABANDONED: "Abandon",
 }
+if set(ACTION_LABELS) != set(RESOLUTIONS):
+    raise ImproperlyConfigured(
+        f"expected a button label for each decision of the state table {sorted(RESOLUTIONS)}, "
+        f"found labels for {sorted(ACTION_LABELS)}"
+    )
 
 
 class _PageForm(forms.Form):

@@ -1,8 +1,9 @@
 """The review desk's pages. Thin: parse the form, call one `ledger` function, render.
 
 Every page renders whole, or only its `{% partialdef %}` fragment for an htmx request.
-Visibility comes from `ledger.selectors` (another tenant's operation is a 404) and every
-decision goes through `ledger.receipts.resolve`, which checks permissions again.
+Objects are fetched through `ledger.selectors.access_*` (another tenant's operation is not
+found: `review.http.ledger_errors` makes that a 404, and a refused permission a 403) and
+every decision goes through `ledger.receipts.resolve`, which checks permissions again.
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import csv
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from ledger import chain, errors, receipts, selectors
-from ledger.models import Operation
+from ledger import errors, receipts, selectors
 from ledger.states import State
 from review.forms import ACTION_LABELS, AuditFilterForm, QueueFilterForm, ResolveForm
+from review.http import ledger_errors
+from review.templatetags.desk import operation_url
 
 view_required = permission_required("ledger.view_operation", raise_exception=True)
 resolve_required = permission_required("ledger.resolve_operation", raise_exception=True)
@@ -34,6 +35,7 @@ def _render(request, template: str, fragment: str, context: dict, *, status: int
 
 @require_GET
 @view_required
+@ledger_errors
 def queue(request):
     form = QueueFilterForm(request.GET)
     page = selectors.review_queue(request.user, form.filters(), **form.page_args())
@@ -46,15 +48,13 @@ def queue(request):
 
 @require_GET
 @view_required
+@ledger_errors
 def operation_detail(request, operation_id: str):
     return _detail(request, operation_id)
 
 
 def _detail(request, operation_id: str, *, form: ResolveForm | None = None, status: int = 200):
-    try:
-        detail = selectors.operation_detail(request.user, operation_id)
-    except Operation.DoesNotExist:
-        raise Http404(f"no operation {operation_id} among the tenants you may see") from None
+    detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
     if form is None:
         form = ResolveForm(initial={"version": op.version})
@@ -70,12 +70,10 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None, stat
 
 @require_POST
 @resolve_required
+@ledger_errors
 def resolve(request, operation_id: str):
     """Record one decision; POST/redirect/GET, or the fresh decision fragment for htmx."""
-    visible = selectors.visible_operations(request.user)
-    op = visible.filter(operation_id=operation_id).first()
-    if op is None:
-        raise Http404(f"no operation {operation_id} among the tenants you may see")
+    op = selectors.access_operation(request.user, operation_id)
     form = ResolveForm(request.POST)
     if not form.is_valid():
         return _detail(request, operation_id, form=form, status=422)
@@ -87,8 +85,6 @@ def resolve(request, operation_id: str):
             if to_state == State.SUCCEEDED else None,
             expected_version=form.cleaned_data["version"],
         )
-    except errors.PermissionDenied as exc:
-        raise PermissionDenied(str(exc)) from exc
     except errors.StaleVersion as exc:
         messages.warning(request, stale_message(exc))
     except (errors.IllegalTransition, errors.InvalidInput) as exc:
@@ -99,7 +95,7 @@ def resolve(request, operation_id: str):
         )
     if request.htmx:
         return _detail(request, operation_id)
-    return redirect(op)
+    return redirect(operation_url(op))
 
 
 def stale_message(exc: errors.StaleVersion) -> str:
@@ -119,12 +115,13 @@ def stale_message(exc: errors.StaleVersion) -> str:
 
 @require_GET
 @view_required
+@ledger_errors
 def audit(request):
     form = AuditFilterForm(request.GET)
     page = selectors.audit_page(request.user, form.filters(), **form.page_args())
     context = {"form": form, "page": page}
     # Chain heads and last verification of the user's tenants (two queries).
-    context["chain_status"] = chain.audit_status_for(request.user)
+    context["chain_status"] = selectors.audit_status_for(request.user)
     return _render(request, "review/audit.html", "results", context)
 
 
@@ -134,6 +131,7 @@ CSV_COLUMNS = ["time", "operation_id", "tenant", "operation", "version", "from_s
 
 @require_GET
 @view_required
+@ledger_errors
 def audit_csv(request):
     """The filtered audit log as CSV, streamed in keyset batches."""
     form = AuditFilterForm(request.GET)

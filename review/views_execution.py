@@ -1,24 +1,23 @@
 """The desk's execution-state pages: fact conflicts, overdue obligations, one run.
 
-Thin, like `review.views`: visibility comes from `ledger.selectors` (another tenant's
-conflict or run is a 404), and every decision goes through `ledger.facts.resolve_conflict`,
-which checks the permission and the tenant again.
+Thin, like `review.views`: objects are fetched through `ledger.selectors.access_*` (another
+tenant's conflict or run is a 404, by `review.http.ledger_errors`), and every decision goes
+through `ledger.facts.resolve_conflict`, which checks the permission and the tenant again.
 """
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from ledger import errors, facts, selectors
 from ledger.canonical import scrub_text
-from ledger.models import FactConflict, Run
+from ledger.models import FactConflict
 from review.forms_execution import SIDES, ConflictDecisionForm, ExecutionListForm
+from review.http import ledger_errors
 from review.views import _render
 
 view_conflicts_required = permission_required("ledger.view_factconflict", raise_exception=True)
@@ -39,6 +38,7 @@ def _list_context(request, form: ExecutionListForm, page) -> dict:
 
 @require_GET
 @view_conflicts_required
+@ledger_errors
 def conflicts(request):
     form = ExecutionListForm(request.GET)
     page = selectors.conflict_page(request.user, tenant=form.tenant_filter(),
@@ -49,6 +49,7 @@ def conflicts(request):
 
 @require_GET
 @view_obligations_required
+@ledger_errors
 def overdue(request):
     form = ExecutionListForm(request.GET)
     page = selectors.overdue_page(request.user, tenant=form.tenant_filter(),
@@ -59,16 +60,14 @@ def overdue(request):
 
 @require_GET
 @view_conflicts_required
+@ledger_errors
 def conflict_detail(request, conflict_id: int):
     return _conflict(request, conflict_id)
 
 
 def _conflict(request, conflict_id: int, *, form: ConflictDecisionForm | None = None,
               status: int = 200):
-    try:
-        detail = selectors.conflict_detail(request.user, conflict_id)
-    except FactConflict.DoesNotExist:
-        raise Http404(f"no fact conflict {conflict_id} among the tenants you may see") from None
+    detail = selectors.conflict_detail(request.user, conflict_id)
     if form is None and detail.live is not None:
         form = ConflictDecisionForm(initial={"expected_version": detail.live.version})
     context = {"detail": detail, "conflict": detail.conflict, "form": form}
@@ -77,14 +76,10 @@ def _conflict(request, conflict_id: int, *, form: ConflictDecisionForm | None = 
 
 @require_POST
 @resolve_conflict_required
+@ledger_errors
 def resolve_conflict(request, conflict_id: int):
     """"Use this value": POST/redirect/GET, or the fresh decision fragment for htmx."""
-    conflict = (
-        selectors.conflicts_for(request.user).select_related("current", "candidate")
-        .filter(pk=conflict_id).first()
-    )
-    if conflict is None:
-        raise Http404(f"no fact conflict {conflict_id} among the tenants you may see")
+    conflict = selectors.access_conflict(request.user, conflict_id)
     form = ConflictDecisionForm(request.POST)
     if not form.is_valid():
         return _conflict(request, conflict_id, form=form, status=422)
@@ -94,8 +89,6 @@ def resolve_conflict(request, conflict_id: int):
             conflict, winner=side, user=request.user, reason=form.cleaned_data["reason"],
             expected_version=form.cleaned_data["expected_version"],
         )
-    except errors.PermissionDenied as exc:
-        raise PermissionDenied(str(exc)) from exc
     except errors.StaleVersion as exc:
         messages.warning(request, decided_first_message(exc))
     except errors.StaleFact as exc:
@@ -142,10 +135,8 @@ def moved_on_message(exc: errors.StaleFact) -> str:
 
 @require_GET
 @view_runs_required
+@ledger_errors
 def run_detail(request, run_id: str):
-    try:
-        detail = selectors.run_detail(request.user, run_id)
-    except Run.DoesNotExist:
-        raise Http404(f"no run {run_id} among the tenants you may see") from None
+    detail = selectors.run_detail(request.user, run_id)
     return _render(request, "review/run.html", "records", {"detail": detail,
                                                            "run": detail.run})

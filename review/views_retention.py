@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
-from ledger import errors, retention
-from ledger.models import RetentionPolicy
+from ledger import errors, retention, selectors
 from review.forms_retention import NewPolicyForm, PolicyDaysForm
+from review.http import ledger_errors
 from review.templatetags.desk_retention import policy_days
 from review.views import _render
 
@@ -28,6 +27,7 @@ delete_required = permission_required("ledger.delete_retentionpolicy", raise_exc
 
 @require_GET
 @view_required
+@ledger_errors
 def retention_page(request):
     return _page(request)
 
@@ -37,10 +37,7 @@ def _page(request, *, new_form: NewPolicyForm | None = None,
           status: int = 200):
     """The page (or its fragment) from fresh database state; a bound form that failed is
     shown again with what the admin typed."""
-    try:
-        overview = retention.retention_overview(request.user)
-    except errors.PermissionDenied as exc:
-        raise PermissionDenied(str(exc)) from exc
+    overview = selectors.retention_overview(request.user)
     rows = [
         (preview, edit_form if preview.policy.pk == edit_pk and edit_form is not None
          else PolicyDaysForm.for_policy(preview.policy))
@@ -58,6 +55,7 @@ def _page(request, *, new_form: NewPolicyForm | None = None,
 
 @require_POST
 @change_required
+@ledger_errors
 def add_policy(request):
     form = NewPolicyForm(request.POST)
     return _set(request, form, pattern=None, tenant=None, edit_pk=None)
@@ -65,9 +63,11 @@ def add_policy(request):
 
 @require_POST
 @change_required
+@ledger_errors
 def edit_policy(request, pk: int):
-    policy = RetentionPolicy.objects.filter(pk=pk).first()
-    if policy is None:
+    try:
+        policy = selectors.access_policy(request.user, pk)
+    except errors.NotFound:
         return _gone(request, pk)
     form = PolicyDaysForm.for_policy(policy, request.POST)
     return _set(request, form, pattern=policy.pattern, tenant=policy.tenant, edit_pk=pk)
@@ -86,8 +86,6 @@ def _set(request, form, *, pattern: str | None, tenant: str | None, edit_pk: int
     try:
         policy = retention.set_policy(values.pop("pattern"), tenant=values.pop("tenant"),
                                       user=request.user, **values)
-    except errors.PermissionDenied as exc:
-        raise PermissionDenied(str(exc)) from exc
     except errors.InvalidInput as exc:
         messages.error(request, f"Nothing written: {exc}")
         return _page(request, status=422, **failed)
@@ -97,14 +95,14 @@ def _set(request, form, *, pattern: str | None, tenant: str | None, edit_pk: int
 
 @require_POST
 @delete_required
+@ledger_errors
 def delete_policy(request, pk: int):
-    policy = RetentionPolicy.objects.filter(pk=pk).first()
-    if policy is None:
+    try:
+        policy = selectors.access_policy(request.user, pk)
+    except errors.NotFound:
         return _gone(request, pk)
     try:
         retention.delete_policy(policy, user=request.user)
-    except errors.PermissionDenied as exc:
-        raise PermissionDenied(str(exc)) from exc
     except errors.InvalidInput as exc:
         messages.error(request, f"Nothing deleted: {exc}")
         return _page(request, status=422) if request.htmx else redirect("review:retention")

@@ -6,41 +6,52 @@ import factory
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from ledger import receipts
+from ledger import receipts, states, transitions
 from ledger.models import Operation, Run
 from ledger.states import ActorKind, State
 
-# The shortest path through the state table to each state, from planned.
-PATHS: dict[str, list[tuple[str, str]]] = {
-    State.PLANNED: [],
-    State.SUBMITTED: [(State.SUBMITTED, ActorKind.AGENT)],
-    State.SUCCEEDED: [(State.SUBMITTED, ActorKind.AGENT), (State.SUCCEEDED, ActorKind.AGENT)],
-    State.REJECTED: [(State.SUBMITTED, ActorKind.AGENT), (State.REJECTED, ActorKind.AGENT)],
-    State.OUTCOME_UNKNOWN: [
-        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT)
-    ],
-    State.RECONCILING: [
-        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT),
-        (State.RECONCILING, ActorKind.RECONCILER),
-    ],
-    State.MANUAL_REVIEW: [
-        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT),
-        (State.RECONCILING, ActorKind.RECONCILER), (State.MANUAL_REVIEW, ActorKind.RECONCILER),
-    ],
-    State.SAFE_TO_RETRY: [
-        (State.SUBMITTED, ActorKind.AGENT), (State.OUTCOME_UNKNOWN, ActorKind.AGENT),
-        (State.RECONCILING, ActorKind.RECONCILER), (State.SAFE_TO_RETRY, ActorKind.RECONCILER),
-    ],
-    State.ABANDONED: [(State.ABANDONED, ActorKind.AGENT)],
-}
+
+def machine_path(to_state: str) -> list[str]:
+    """The shortest walk through `states.TRANSITIONS` from planned to `to_state` that takes
+    no human decision (a factory has no reviewer): the states after planned, in order.
+    Computed from the table, so a change of the table changes the paths with it.
+    """
+    came_from: dict[str, str] = {State.PLANNED: ""}
+    frontier = [State.PLANNED.value]
+    while frontier and to_state not in came_from:
+        following = []
+        for state in frontier:
+            for target in states.targets(state):  # sorted: the same path on every run
+                if target not in came_from and not states.is_human_only(state, target):
+                    came_from[target] = state
+                    following.append(target)
+        frontier = following
+    if to_state not in came_from:
+        raise ValueError(
+            f"expected a path from planned to {to_state!r} without a human decision, found none"
+        )
+    path = []
+    while to_state != State.PLANNED:
+        path.append(to_state)
+        to_state = came_from[to_state]
+    return path[::-1]
+
+
+def actor_of(from_state: str, to_state: str) -> str:
+    """Who makes a move in a factory's walk: the reconciler in and out of reconciling, the
+    agent otherwise."""
+    if State.RECONCILING in (from_state, to_state):
+        return ActorKind.RECONCILER
+    return ActorKind.AGENT
 
 
 def drive(op: Operation, to_state: str) -> Operation:
-    """Walk `op` (in planned) along PATHS to `to_state`, one API transition at a time."""
-    for state, actor_kind in PATHS[to_state]:
+    """Walk `op` (in planned) along `machine_path` to `to_state`, one transition at a time,
+    through the ledger's one writer of changes."""
+    for state in machine_path(to_state):
         with transaction.atomic():
-            receipts.apply_transition(op, state, actor_kind=actor_kind, actor_id="factory",
-                                      reason=f"test setup: to {state}")
+            transitions._apply(op, state, actor_kind=actor_of(op.state, state),
+                               actor_id="factory", reason=f"test setup: to {state}")
     return op
 
 
@@ -109,8 +120,8 @@ def add_evidence(
 ):
     """What a reconciler would write: an optional transition plus one Evidence row.
 
-    Both in one transaction, through `receipts.apply_transition` (the reconciler's own API
-    is not needed to set up a review-desk test). Returns the Evidence.
+    Both in one transaction, through `transitions._apply` (the reconciler's own API, with
+    its claim and lease, is not needed to set up a review-desk test). Returns the Evidence.
     """
     from django.utils import timezone
 
@@ -121,7 +132,7 @@ def add_evidence(
     with transaction.atomic():
         if to_state is not None:
             conflict = conflict_for(verdict, observed)
-            receipts.apply_transition(
+            transitions._apply(
                 op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
                 reason=f"verdict {verdict}", evidence={"verdict": verdict},
                 changes={"conflict": conflict} if conflict else None,

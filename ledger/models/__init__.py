@@ -1,6 +1,14 @@
 """The ledger's tables. One module per area; everything is importable from here."""
 
-from ledger.models.coordination import Lease, Run, Step, StepState, TenantAccess
+from ledger.models.agent_keys import AgentKey, AgentKeyChange
+from ledger.models.coordination import (
+    Lease,
+    Run,
+    Step,
+    StepState,
+    TenantAccess,
+    TenantAccessChange,
+)
 from ledger.models.execution import (
     ConflictState,
     Episode,
@@ -23,6 +31,8 @@ from ledger.models.retention import (
 )
 
 __all__ = [
+    "AgentKey",
+    "AgentKeyChange",
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",
@@ -46,4 +56,5 @@ __all__ = [
     "Step",
     "StepState",
     "TenantAccess",
+    "TenantAccessChange",
 ]

@@ -145,3 +145,54 @@ class TenantAccess(models.Model):
 
     def __str__(self):
         return f"{self.user} may see {self.tenant}"
+
+
+class TenantAccessChange(models.Model):
+    """Who granted or revoked which user's access to which tenant, and when. Append-only.
+
+    Written by `ledger.access.grant` / `revoke` in the same transaction as the change.
+    `changed_by` is empty when code changed the grant without naming a person (a
+    management command, the demo seed).
+    """
+
+    class Action(models.TextChoices):
+        GRANTED = "granted", "Granted"
+        REVOKED = "revoked", "Revoked"
+
+    # DO_NOTHING without a constraint: the row is append-only, so it keeps the id of a
+    # deleted user rather than being updated to NULL; the names say who it was.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.DO_NOTHING, related_name="+",
+        db_constraint=False,
+    )
+    username = models.CharField(max_length=150)
+    tenant = models.CharField(max_length=100)
+    action = models.CharField(max_length=20, choices=Action.choices)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING,
+        related_name="+", db_constraint=False,
+    )
+    changed_by_name = models.CharField(max_length=150, blank=True)
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(action__in=["granted", "revoked"]),
+                name="tenant_access_change_action_known",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "changed_at"], name="tenant_access_change_idx"),
+        ]
+        ordering = ["-changed_at", "-id"]
+        triggers = [
+            pgtrigger.Protect(
+                name="tenant_access_change_append_only",
+                operation=pgtrigger.Update | pgtrigger.Delete,
+            ),
+        ]
+
+    def __str__(self):
+        who = self.changed_by_name or "code"
+        return f"{who} {self.action} {self.username} access to {self.tenant}"

@@ -73,8 +73,9 @@ class OperationQuerySet(models.QuerySet):
 class Operation(models.Model):
     """The receipt of one external action, written before the request is sent.
 
-    Rows change only through `ledger.receipts` (and the reconciler); a trigger refuses
-    illegal transitions and version jumps even from a raw `QuerySet.update()`.
+    Rows change only through `ledger.transitions` (called by receipts and the reconciler);
+    a trigger refuses illegal transitions and version jumps even from a raw
+    `QuerySet.update()`.
     """
 
     operation_id = models.CharField(max_length=40, unique=True)
@@ -117,6 +118,9 @@ class Operation(models.Model):
     redacted_at = models.DateTimeField(null=True, blank=True)
 
     objects = OperationQuerySet.as_manager()
+
+    # Not a column: receipts.record_intent sets it on the operation this call inserted.
+    recorded_now = False
 
     class Meta:
         constraints = [
@@ -208,11 +212,6 @@ class Operation(models.Model):
 
     def __str__(self):
         return f"{self.operation_id} {self.operation} ({self.state})"
-
-    def get_absolute_url(self):
-        from django.urls import reverse
-
-        return reverse("review:operation", args=[self.operation_id])
 
     @property
     def is_terminal(self) -> bool:

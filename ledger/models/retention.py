@@ -170,8 +170,9 @@ class Redaction(models.Model):
 class ChainHead(models.Model):
     """The latest link of one hash chain (`chain`, per tenant): its sequence and hash.
 
-    Written only by `ledger.chain.link`, whose upsert locks this row so concurrent writers
-    of one tenant take turns and never fork the chain.
+    Written only by the upsert of `ledger.chain.link` (and its CTE in the statements of
+    `ledger.transitions`), which locks this row so concurrent writers of one tenant take
+    turns and never fork the chain.
     """
 
     chain = models.CharField(max_length=40)

@@ -36,7 +36,9 @@ BEGIN
         'ledger_redaction',
         'ledger_chainanchor',
         'ledger_factdecision',
-        'ledger_episode'
+        'ledger_episode',
+        'ledger_tenantaccesschange',
+        'ledger_agentkeychange'
     ] LOOP
         EXECUTE format('REVOKE UPDATE, DELETE, TRUNCATE ON %I FROM %I', audit_table, app_role);
     END LOOP;

@@ -3,12 +3,25 @@
 import json
 
 from django import template
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ledger.states import State
+from ledger.models import Operation
+from ledger.states import QUEUE_STATES, State
 
 register = template.Library()
+
+
+@register.simple_tag
+def operation_url(operation: Operation | str) -> str:
+    """The desk page of an operation (or of an operation id): `{% operation_url op %}`.
+
+    The desk resolves its own URLs; the model does not know where (or whether) a desk is
+    mounted. Views call it as a function.
+    """
+    operation_id = operation.operation_id if isinstance(operation, Operation) else operation
+    return reverse("review:operation", args=[operation_id])
 
 
 @register.filter
@@ -37,6 +50,14 @@ def state_badge(state: str):
     """A badge that says the state in words; the colour only repeats it."""
     label = State(state).label if state in State.values else state
     return format_html('<span class="badge badge-{}">{}</span>', state, label)
+
+
+@register.simple_tag
+def queue_counts(counts: dict) -> list[tuple[str, int]]:
+    """(state, count) for each state the queue waits on a person for, in the order of
+    `ledger.states.QUEUE_STATES` (derived from the state table)."""
+    counts = counts if isinstance(counts, dict) else {}
+    return [(state, counts.get(state, 0)) for state in QUEUE_STATES]
 
 
 @register.simple_tag

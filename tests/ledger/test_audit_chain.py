@@ -10,7 +10,7 @@ from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.db.utils import DatabaseError
 
-from ledger import chain, receipts, retention
+from ledger import chain, receipts, retention, selectors
 from ledger.management.commands.app_role import SCRIPT, create_app_role
 from ledger.models import (
     AuditVerification,
@@ -133,7 +133,7 @@ def test_verify_audit_passes_on_an_untouched_trail_and_records_when(capsys):
     assert "audit trail intact: 6 links in 2 chains" in capsys.readouterr().out
     record = AuditVerification.objects.get()
     assert (record.is_intact, record.links_checked, record.first_break) == (True, 6, None)
-    status = chain.audit_status(tenants={"acme"})
+    status = selectors.audit_status(tenants={"acme"})
     assert [(h["tenant"], h["seq"]) for h in status["heads"]] == [("acme", 3)]
     assert status["last_verification"] == record
 
@@ -262,7 +262,7 @@ def test_events_and_evidence_refuse_even_a_statement_that_matches_nothing():
 
 AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentionchange",
                 "ledger_redaction", "ledger_chainanchor", "ledger_factdecision",
-                "ledger_episode"]
+                "ledger_episode", "ledger_tenantaccesschange", "ledger_agentkeychange"]
 
 
 def test_the_role_script_covers_every_append_only_table():

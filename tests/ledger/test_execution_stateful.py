@@ -1,6 +1,6 @@
 """Random sequences of receipt, fact and obligation calls, with invariants after each.
 
-A Hypothesis state machine drives the public API (and the reconciler's `apply_transition`)
+A Hypothesis state machine drives the public API (and `transitions._apply`, the one writer)
 against real PostgreSQL, keeps a small model of what must be true, and checks after every
 step: one current fact per key, versions step by one along `superseded_by`, committed
 obligations never change, and every operation transition is legal and evidenced by exactly
@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ledger import facts, obligations, receipts, runs, states
+from ledger import facts, obligations, receipts, runs, states, transitions
 from ledger.errors import AlreadyCommitted, IllegalTransition, InvalidInput, StaleFact
 from ledger.models import Fact, FactConflict, FactStatus, Obligation, Operation
 from ledger.states import ActorKind, State
@@ -98,7 +98,7 @@ class ExecutionMachine(RuleBasedStateMachine):
 
         def move():
             with transaction.atomic():
-                receipts.apply_transition(op, target_state, actor_kind=ActorKind.RECONCILER,
+                transitions._apply(op, target_state, actor_kind=ActorKind.RECONCILER,
                                           actor_id="stateful", reason="stateful")
 
         self._expect(states.is_legal(op.state, target_state), op, target_state, move)
@@ -129,7 +129,7 @@ class ExecutionMachine(RuleBasedStateMachine):
                 AGENT_CALLS[target_state](op)
             else:
                 with transaction.atomic():
-                    receipts.apply_transition(op, target_state,
+                    transitions._apply(op, target_state,
                                               actor_kind=ActorKind.RECONCILER,
                                               actor_id="stateful", reason="stateful")
             self.op_states[op.pk] = target_state

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from ledger import chain, receipts, retention
 from ledger.errors import InvalidInput
 from ledger.models import Evidence, Operation, OperationEvent, PurgeRun
+from ledger.selectors import retention as retention_reads
 from ledger.states import TERMINAL, State
 from tests.factories import OperationFactory
 from tests.support.retention import complete_days_ago, raw_connection, retention_admin
@@ -224,7 +225,7 @@ def test_purge_never_removes_a_non_terminal_operation_and_removes_every_eligible
         if (governing is not None and op.state in TERMINAL
                 and op.completed_at < now - timedelta(days=governing.purge_horizon_days)):
             expected.add(op.operation_id)
-    previewed = sum(p.operations for p in retention.preview(now=now))
+    previewed = sum(p.operations for p in retention_reads.preview(now=now))
 
     result = retention.purge(actor="property", batch=3, now=now)
 

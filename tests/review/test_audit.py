@@ -146,7 +146,7 @@ def test_audit_page_shows_the_chain_heads_of_visible_tenants_and_the_last_verifi
     body = response.content.decode()
     assert f"{head.hash[:12]}…" in body and "nightly-verify" in body and "intact" in body
     assert "2 newer links" in body
-    acme_head = chain.audit_status()["heads"]
+    acme_head = selectors.audit_status()["heads"]
     assert any(h["tenant"] == "acme" for h in acme_head)
     assert all(h["hash"][:12] not in body for h in acme_head if h["tenant"] == "acme")
 

@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger import selectors
+from ledger import selectors, states
 from ledger.errors import InvalidInput
 from ledger.states import State
 from review.templatetags.desk import stuck_for
@@ -227,3 +227,15 @@ def test_the_queue_shows_only_granted_tenants(client, reviewer):
     assert theirs.operation_id not in response.content.decode()
     assert mine.operation_id in client.get(QUEUE).content.decode()
     assert response.context["page"].counts[State.OUTCOME_UNKNOWN] == 0
+
+
+@pytest.mark.django_db
+def test_the_queue_has_a_tab_with_its_count_for_each_state_of_the_table(client, reviewer):
+    OperationFactory(state=State.MANUAL_REVIEW)
+    client.force_login(reviewer)
+    body = client.get(QUEUE).content.decode()
+    counts = {State.OUTCOME_UNKNOWN: 0, State.MANUAL_REVIEW: 1}
+    assert list(counts) == list(states.QUEUE_STATES)
+    for state, count in counts.items():
+        assert f'<b data-count="{state}">{count}</b>' in body
+        assert f"?state={state}" in body

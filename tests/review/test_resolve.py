@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from ledger.models import Operation, OperationEvent
 from ledger.states import ActorKind, State
+from review.templatetags.desk import operation_url
 from tests.factories import OperationFactory, UserFactory, ensure_roles
 
 
@@ -32,7 +33,7 @@ def test_each_decision_is_recorded_with_its_reason_then_redirects(client, review
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
     client.force_login(reviewer)
     response = decide(client, op, to_state, reason="seen in the CMS")
-    assert response.status_code == 302 and response["Location"] == op.get_absolute_url()
+    assert response.status_code == 302 and response["Location"] == operation_url(op)
     op.refresh_from_db()
     assert op.state == to_state
     [event] = human_events(op)

@@ -4,7 +4,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from ledger import errors, retention
+from ledger import retention
 from ledger.models import PurgeRun, RetentionChange, RetentionPolicy
 from ledger.states import State
 from tests.factories import OperationFactory, UserFactory, ensure_roles
@@ -83,12 +83,6 @@ def test_only_admins_can_add_edit_or_delete_policies(client, role, status):
     assert client.post(edit_url(other), edited(other, 5)).status_code == status
     assert client.post(delete_url(other)).status_code == status
     assert written() == before
-
-
-@pytest.mark.django_db
-def test_the_ledger_refuses_the_overview_to_a_user_without_the_retention_permission(reviewer):
-    with pytest.raises(errors.PermissionDenied, match="ledger.view_retentionpolicy"):
-        retention.retention_overview(reviewer)
 
 
 @pytest.mark.django_db

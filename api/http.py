@@ -1,0 +1,269 @@
+"""The HTTP API at /api/v1/ (django-ninja): `Authorization: Bearer <agent key>`, JSON in
+and out, every error an RFC 9457 `application/problem+json`.
+
+Each endpoint parses its body, calls one function of `api.service` (the layer the MCP tools
+share) and returns what it returns. Sessions never authenticate here, so CSRF does not
+apply; the desk's login-required middleware lets these URLs through (`api.urls`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import Http404, HttpRequest, JsonResponse
+from ninja import NinjaAPI, Query, Schema, Status
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.openapi.docs import Swagger
+from ninja.security import HttpBearer
+from pydantic import Field
+
+from api import problems, service
+from api.schemas import (
+    CommitIn,
+    FactIn,
+    FactOut,
+    FailedIn,
+    ObligationIn,
+    ObligationOut,
+    OperationDetailOut,
+    OperationOut,
+    OperationPage,
+    Problem,
+    RecordIntentIn,
+    ResumeIn,
+    ResumeOut,
+    RunIn,
+    RunOut,
+    StepIn,
+    StepOut,
+    SubmittedIn,
+    SucceededIn,
+)
+from ledger import agent_keys
+from ledger.errors import LedgerError
+
+logger = logging.getLogger("ledger.api")
+PROBLEM = "application/problem+json"
+# Every error an endpoint answers (all problem+json): malformed body, no or bad key, tenant
+# not granted, not found, wrong method, refused by the ledger, invalid input.
+ERRORS = {frozenset({400, 401, 403, 404, 405, 409, 422}): Problem}
+
+
+class AgentKeyAuth(HttpBearer):
+    """The agent key in `Authorization: Bearer alk_...`; `request.auth` is the AgentKey."""
+
+    openapi_description = "An agent key (manage.py agent_key create NAME --tenant T)."
+
+    def authenticate(self, request: HttpRequest, token: str):
+        return agent_keys.authenticate(token)
+
+
+class ProblemAPI(NinjaAPI):
+    def get_openapi_schema(self, **kwargs):
+        """Error responses are documented as application/problem+json, as they are sent."""
+        schema = super().get_openapi_schema(**kwargs)
+        for path in schema["paths"].values():
+            for operation in path.values():
+                for status, response in operation.get("responses", {}).items():
+                    content = response.get("content", {})
+                    if str(status)[0] in "45" and "application/json" in content:
+                        content[PROBLEM] = content.pop("application/json")
+        return schema
+
+
+api = ProblemAPI(
+    title="Agent Ledger",
+    version="1",
+    description="The system of record for what agents did to the outside world. Every "
+    "error is application/problem+json whose `detail` says what was expected and found.",
+    auth=AgentKeyAuth(),
+    urls_namespace="api-v1",
+    docs=Swagger(),
+    docs_url="/docs",
+    openapi_url="/openapi.json",
+)
+
+
+def problem_response(body: dict, headers: dict | None = None) -> JsonResponse:
+    response = JsonResponse(body, status=body["status"], content_type=PROBLEM)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+@api.exception_handler(LedgerError)
+def ledger_error(request, exc):
+    return problem_response(problems.from_ledger_error(exc))
+
+
+@api.exception_handler(ValidationError)
+def validation_error(request, exc):
+    errors = [{"loc": _where(e.get("loc", ())), "msg": e.get("msg", "")}
+              for e in exc.errors[:50]]
+    found = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:10])
+    return problem_response(problems.problem(
+        422, "invalid-request", "Invalid request",
+        f"expected a request matching the API's schema, found {found}",
+        errors=errors,
+    ))
+
+
+def _where(loc) -> list[str]:
+    """["body", "body", "intent"] -> ["body", "intent"]: the parameter's name is noise."""
+    parts = [str(part) for part in loc]
+    if len(parts) > 2 and parts[1] in ("body", "filters"):
+        del parts[1]
+    return parts
+
+
+@api.exception_handler(AuthenticationError)
+def unauthenticated(request, exc):
+    return problem_response(
+        problems.problem(
+            401, "unauthenticated", "Unauthenticated",
+            "expected an Authorization: Bearer header with a live agent key, found "
+            + ("none" if "authorization" not in request.headers else
+               "a key that is malformed, unknown or revoked"),
+        ),
+        headers={"WWW-Authenticate": 'Bearer realm="agent-ledger"'},
+    )
+
+
+@api.exception_handler(HttpError)
+def http_error(request, exc):
+    if exc.status_code == 400:  # ninja's "Cannot parse request body (...)"
+        return problem_response(problems.problem(
+            400, "malformed-body", "Malformed body",
+            f"expected a JSON object as the request body, found one that does not parse: "
+            f"{exc.message}"))
+    return problem_response(problems.problem(
+        exc.status_code, "http-error", "HTTP error", str(exc.message)))
+
+
+@api.exception_handler(Http404)
+def not_found(request, exc):
+    return problem_response(problems.problem(
+        404, "not-found", "Not found", f"expected an API route, found none at {request.path}"))
+
+
+@api.exception_handler(RecursionError)
+def too_deep(request, exc):
+    return problem_response(problems.problem(
+        400, "malformed-body", "Malformed body",
+        "expected a JSON body nested at most a few hundred levels deep, found deeper"))
+
+
+@api.exception_handler(Exception)
+def unexpected(request, exc):
+    logger.exception("unexpected error on %s %s", request.method, request.path)
+    return problem_response(problems.problem(
+        500, "internal-error", "Internal error",
+        "expected to answer the request, found an internal error; it has been logged"))
+
+
+# --- operations --------------------------------------------------------------------------
+
+
+@api.post("/operations", response={201: OperationOut, 200: OperationOut, **ERRORS},
+          summary="Record an intent before the external call")
+def record_intent(request, body: RecordIntentIn):
+    """201 with a new planned operation; 200 with the existing one when the idempotency key
+    and intent were recorded before (whatever its state: if it is not `planned`, do not
+    send again); 409 when the key names an operation with another intent."""
+    data, created = service.record_intent(request.auth, **body.dict())
+    return Status(201 if created else 200, data)
+
+
+@api.post("/operations/{operation_id}/submitted", response={200: OperationOut, **ERRORS},
+          summary="planned (or safe_to_retry) -> submitted, just before sending")
+def mark_submitted(request, operation_id: str, body: SubmittedIn):
+    return service.mark(request.auth, operation_id, "submitted", **body.dict())
+
+
+@api.post("/operations/{operation_id}/succeeded", response={200: OperationOut, **ERRORS},
+          summary="submitted -> succeeded: the external system confirmed it")
+def mark_succeeded(request, operation_id: str, body: SucceededIn):
+    return service.mark(request.auth, operation_id, "succeeded", **body.dict())
+
+
+@api.post("/operations/{operation_id}/rejected", response={200: OperationOut, **ERRORS},
+          summary="submitted -> rejected: the external system refused and did nothing")
+def mark_rejected(request, operation_id: str, body: FailedIn):
+    return service.mark(request.auth, operation_id, "rejected", **body.dict())
+
+
+@api.post("/operations/{operation_id}/outcome-unknown",
+          response={200: OperationOut, **ERRORS},
+          summary="submitted -> outcome_unknown: sent, but whether it took effect is unknown")
+def mark_outcome_unknown(request, operation_id: str, body: FailedIn):
+    return service.mark(request.auth, operation_id, "outcome_unknown", **body.dict())
+
+
+@api.get("/operations/{operation_id}", response={200: OperationDetailOut, **ERRORS},
+         summary="The receipt with its events and evidence")
+def get_operation(request, operation_id: str):
+    return service.get_operation(request.auth, operation_id)
+
+
+class OperationFilters(Schema):
+    state: str | None = None
+    operation: str | None = None
+    tenant: str | None = None
+    cursor: str | None = Field(default=None, max_length=40)
+    limit: int = Field(default=50, ge=1, le=service.MAX_PAGE)
+
+
+@api.get("/operations", response={200: OperationPage, **ERRORS},
+         summary="Operations of the key's tenants, newest first, keyset-paged")
+def list_operations(request, filters: Query[OperationFilters]):
+    return service.list_operations(request.auth, **filters.dict())
+
+
+# --- facts -------------------------------------------------------------------------------
+
+
+@api.get("/facts", response={200: list[FactOut], **ERRORS},
+         summary="The current version of every predicate of a subject")
+def read_facts(request, subject: str, tenant: str | None = None):
+    return service.read_facts(request.auth, subject, tenant=tenant)
+
+
+@api.post("/facts", response={200: FactOut, **ERRORS},
+          summary="Assert a fact; without the current version a different value is kept as "
+          "a candidate for a person (is_candidate), never a silent overwrite")
+def assert_fact(request, body: FactIn):
+    return service.assert_fact(request.auth, **body.dict())
+
+
+# --- runs and obligations ----------------------------------------------------------------
+
+
+@api.post("/runs", response={200: RunOut, **ERRORS}, summary="Start a run (idempotent on run_id)")
+def start_run(request, body: RunIn):
+    return service.start_run(request.auth, **body.dict())
+
+
+@api.post("/runs/{run_id}/steps", response={200: StepOut, **ERRORS},
+          summary="Add a step (idempotent), depending on steps already added")
+def add_step(request, run_id: str, body: StepIn):
+    return service.add_step(request.auth, run_id, **body.dict())
+
+
+@api.post("/runs/{run_id}/resume", response={200: ResumeOut, **ERRORS},
+          summary="Take the run's lease; `token` fences every later write")
+def resume(request, run_id: str, body: ResumeIn):
+    return service.resume(request.auth, run_id, **body.dict())
+
+
+@api.post("/obligations", response={200: ObligationOut, **ERRORS},
+          summary="Open an obligation of a run (idempotent on key)")
+def open_obligation(request, body: ObligationIn):
+    values = body.dict()
+    values["obligation_key"] = values.pop("key")
+    return service.open_obligation(request.auth, **values)
+
+
+@api.post("/obligations/{key}/commit", response={200: ObligationOut, **ERRORS},
+          summary="Commit an obligation exactly once; 409 carries the winner's result")
+def commit_obligation(request, key: str, body: CommitIn):
+    return service.commit_obligation(request.auth, key, **body.dict())

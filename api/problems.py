@@ -1,0 +1,65 @@
+"""The ledger's errors as RFC 9457 problem details, for every network surface.
+
+A problem names its kind (`type`, a stable URN; `title`), the HTTP status, and in `detail`
+the ledger's own message ("expected ..., found ..."). A few errors carry what the caller
+needs to go on: the winner's result of an obligation, the current version of an operation,
+the current fencing token, the lease holder, the missing steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger import errors
+
+# (status, slug, title) per ledger error; the first matching class in this order wins.
+KINDS: list[tuple[type[Exception], int, str, str]] = [
+    (errors.NotFound, 404, "not-found", "Not found"),
+    (errors.PermissionDenied, 403, "permission-denied", "Permission denied"),
+    (errors.InvalidInput, 422, "invalid-input", "Invalid input"),
+    (errors.IdempotencyKeyReused, 409, "idempotency-key-reused", "Idempotency key reused"),
+    (errors.StaleVersion, 409, "stale-version", "Stale version"),
+    (errors.IllegalTransition, 409, "illegal-transition", "Illegal transition"),
+    (errors.StaleFencingToken, 409, "stale-fencing-token", "Stale fencing token"),
+    (errors.LeaseHeld, 409, "lease-held", "Lease held"),
+    (errors.AlreadyCommitted, 409, "already-committed", "Already committed"),
+    (errors.StaleFact, 409, "stale-fact", "Stale fact"),
+    (errors.DependencyNotMet, 409, "dependency-not-met", "Dependency not met"),
+    (errors.LedgerError, 409, "refused", "Refused by the ledger"),
+]
+
+
+def type_uri(slug: str) -> str:
+    return f"urn:agent-ledger:problem:{slug}"
+
+
+def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"type": type_uri(slug), "title": title, "status": status, "detail": detail,
+            **extra}
+
+
+def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
+    """The problem for a ledger refusal, with what the caller needs to go on."""
+    from api import service
+
+    status, slug, title = next(
+        (status, slug, title) for cls, status, slug, title in KINDS if isinstance(exc, cls)
+    )
+    extra: dict[str, Any] = {"error": type(exc).__name__}
+    if isinstance(exc, errors.AlreadyCommitted):
+        extra["result"] = exc.result
+    elif isinstance(exc, errors.StaleVersion) and exc.current is not None:
+        extra["current_version"] = exc.current.version
+        extra["current_state"] = exc.current.state
+    elif isinstance(exc, errors.IdempotencyKeyReused) and exc.existing is not None:
+        existing = exc.existing
+        if hasattr(existing, "operation_id"):
+            extra["operation"] = service.operation_dict(existing)
+    elif isinstance(exc, errors.StaleFencingToken):
+        extra["current_token"] = exc.current_token
+    elif isinstance(exc, errors.LeaseHeld):
+        extra["holder"] = exc.owner
+        extra["expires_at"] = exc.expires_at.isoformat() if exc.expires_at else None
+    elif isinstance(exc, errors.DependencyNotMet):
+        extra["missing"] = list(exc.missing)
+    return problem(status, slug, title, str(exc), **extra)

@@ -1,0 +1,225 @@
+"""Request and response bodies of the HTTP API (their JSON schemas are the OpenAPI's).
+
+Only shapes live here; every rule (lengths, names, JSON limits, states) is the ledger's,
+checked when the ledger function is called.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field
+
+RetryPolicyName = Literal["never", "if_absent_proven"]
+
+
+def _version():
+    return Field(default=None, ge=1, le=2**31 - 1,
+                 description="The version you acted on; 409 if it moved on.")
+
+
+def _token():
+    return Field(default=None, ge=0, le=2**63 - 1,
+                 description="The run lease's fencing token (POST runs/{run_id}/resume).")
+
+
+
+class Problem(Schema):
+    """RFC 9457 problem details; `detail` carries the ledger's message."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+
+
+class RecordIntentIn(Schema):
+    operation: str = Field(description="What the call does, e.g. articles.create.")
+    target: str = Field(description="Where it goes, e.g. a URL (credentials are redacted).")
+    intent: dict[str, Any] = Field(description="The request you are about to send.")
+    idempotency_key: str | None = None
+    tenant: str | None = Field(default=None, description="Default: the key's only tenant.")
+    run: str | None = Field(default=None, description="A run_id of the key's tenants.")
+    step: str | None = None
+    retry_policy: RetryPolicyName = "if_absent_proven"
+    redact: list[str] = Field(default_factory=list, description="Dotted paths to redact.")
+    fingerprint_fields: list[str] | None = None
+
+
+class SubmittedIn(Schema):
+    expected_version: int | None = _version()
+    fencing_token: int | None = _token()
+    in_flight_seconds: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="How long the request may still land after a timeout.",
+    )
+
+
+class SucceededIn(Schema):
+    external_id: str | None = None
+    evidence: Any = None
+    expected_version: int | None = _version()
+    fencing_token: int | None = _token()
+
+
+class FailedIn(Schema):
+    error_code: str
+    detail: str = ""
+    expected_version: int | None = _version()
+    fencing_token: int | None = _token()
+
+
+class EventOut(Schema):
+    version: int
+    from_state: str
+    to_state: str
+    actor_kind: str
+    actor_id: str
+    reason: str
+    evidence: Any = None
+    fencing_token: int | None
+    created_at: str
+
+
+class EvidenceOut(Schema):
+    reconciler: str
+    query: Any
+    observed: Any
+    verdict: str
+    matched_by: str
+    detail: str
+    created_at: str
+
+
+class OperationOut(Schema):
+    operation_id: str
+    tenant: str
+    operation: str
+    target: str
+    state: str
+    version: int
+    attempt: int
+    idempotency_key: str
+    intent_fingerprint: str
+    external_id: str
+    intent: dict[str, Any]
+    retry_policy: str
+    error_code: str
+    error_detail: str
+    conflict: str
+    authentication_recorded: bool
+    run_id: str | None
+    step_id: str | None
+    created_at: str
+    state_changed_at: str
+    submitted_at: str | None
+    completed_at: str | None
+
+
+class OperationDetailOut(OperationOut):
+    events: list[EventOut]
+    evidence: list[EvidenceOut]
+
+
+class OperationPage(Schema):
+    items: list[OperationOut]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+class FactIn(Schema):
+    subject: str
+    predicate: str
+    value: Any
+    source: str | None = Field(default=None, description="Stored after the key's name.")
+    observed_at: datetime | None = None
+    expected_version: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="The current version you supersede."
+    )
+    tenant: str | None = None
+    run: str | None = None
+    fencing_token: int | None = _token()
+
+
+class FactOut(Schema):
+    tenant: str
+    subject: str
+    predicate: str
+    value: Any
+    version: int | None
+    status: str
+    source: str
+    observed_at: str
+    run_id: str | None
+    is_candidate: bool
+    conflict_id: int | None
+
+
+class RunIn(Schema):
+    objective: str
+    tenant: str | None = None
+    run_id: str | None = None
+
+
+class RunOut(Schema):
+    run_id: str
+    tenant: str
+    objective: str
+
+
+class StepIn(Schema):
+    step_id: str
+    depends_on: list[str] = Field(default_factory=list)
+
+
+class StepOut(Schema):
+    run_id: str
+    step_id: str
+    state: str
+    depends_on: list[str]
+
+
+class ResumeIn(Schema):
+    ttl_seconds: float | None = Field(default=None, gt=0, le=86400)
+
+
+class ResumeOut(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    run_id: str
+    tenant: str
+    objective: str
+    token: int | None
+    holder: str | None
+    steps: list[dict[str, Any]]
+    open_operations: list[dict[str, Any]]
+    pending_obligations: list[dict[str, Any]]
+    facts: list[dict[str, Any]]
+    open_conflicts: list[dict[str, Any]]
+
+
+class ObligationIn(Schema):
+    run: str
+    kind: str
+    key: str
+    deadline: datetime | None = None
+    fencing_token: int | None = _token()
+
+
+class CommitIn(Schema):
+    result: Any = None
+    fencing_token: int | None = _token()
+
+
+class ObligationOut(Schema):
+    key: str
+    kind: str
+    run_id: str
+    tenant: str
+    state: str
+    deadline: str | None
+    result: Any = None
+    committed_at: str | None

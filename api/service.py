@@ -1,0 +1,465 @@
+"""What an agent key may do over the network: the one layer the HTTP API and the MCP tools
+share.
+
+Each function takes the authenticated `AgentKey` first, fetches what it acts on through a
+tenant-checked look-up (another tenant's object is `NotFound`, exactly like a missing one),
+calls the same `ledger` function a Python agent calls, with the key's name as the actor,
+and returns plain JSON-ready data. No rule of the ledger is restated here: every refusal is
+the ledger's own `LedgerError`, which each surface turns into its error format.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from ledger import access, facts, obligations, receipts, rows, runs
+from ledger.errors import InvalidInput, NotFound, PermissionDenied
+from ledger.models import AgentKey, Evidence, Fact, Obligation, Operation, OperationEvent, Run
+from ledger.prepared import prepared_cursor
+from ledger.states import RetryPolicy
+
+# Whether this ledger has the in-flight window (`mark_submitted(in_flight_for=...)`).
+HAS_IN_FLIGHT_WINDOW = "in_flight_for" in inspect.signature(receipts.mark_submitted).parameters
+
+MAX_PAGE = 200
+OUTCOMES = ("submitted", "succeeded", "rejected", "outcome_unknown")
+
+
+# --- text from the network --------------------------------------------------------------
+
+# What JSON can carry but PostgreSQL text cannot store: NUL, and UTF-16 halves without their
+# pair (valid in a JSON escape, not in UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(value: Any) -> Any:
+    """`value` with every unstorable character replaced by U+FFFD, walked iteratively (a
+    deeply nested body cannot exhaust the stack here; the ledger refuses it by its limits)."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub("\ufffd", value)
+    if not isinstance(value, dict | list):
+        return value
+    root = [value]
+    stack = [(root, 0, value)]
+    while stack:
+        parent, slot, node = stack.pop()
+        if isinstance(node, str):
+            parent[slot] = _UNSTORABLE.sub("\ufffd", node)
+        elif isinstance(node, list):
+            copy = list(node)
+            parent[slot] = copy
+            stack.extend((copy, i, item) for i, item in enumerate(copy))
+        elif isinstance(node, dict):
+            copy = {}
+            parent[slot] = copy
+            for k, item in node.items():
+                k = _UNSTORABLE.sub("\ufffd", k) if isinstance(k, str) else k
+                copy[k] = None
+                stack.append((copy, k, item))
+        else:
+            parent[slot] = node
+    return root[0]
+
+
+def storable_arguments(fn):
+    """Text from the network made storable before the ledger sees it: a NUL or an unpaired
+    surrogate in any argument would otherwise fail in the database driver, not in the
+    ledger's checks."""
+
+    @functools.wraps(fn)
+    def wrapped(key, *args, **kwargs):
+        return fn(key, *[_storable(a) for a in args],
+                  **{name: _storable(value) for name, value in kwargs.items()})
+
+    return wrapped
+
+
+# --- fetch and check ---------------------------------------------------------------------
+
+
+def _visible(key: AgentKey, rows):
+    tenants = access.tenants_for(key)
+    return rows if tenants is None else rows.filter(tenant__in=tenants)
+
+
+_ACCESS_OPERATION = (
+    f"SELECT {rows.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
+    " WHERE operation_id = %s AND (%s OR tenant = ANY(%s))"
+)
+
+
+def access_operation(key: AgentKey, operation_id: str) -> Operation:
+    """The operation if the key sees its tenant; NotFound otherwise (either way). On every
+    mark of every agent: one prepared statement, without the ORM's query compilation."""
+    if not isinstance(operation_id, str) or not 0 < len(operation_id) <= 40:
+        raise NotFound(f"expected an operation id, found {operation_id!r}")
+    tenants = access.tenants_for(key)
+    with prepared_cursor() as cursor:
+        cursor.execute(_ACCESS_OPERATION,
+                       [operation_id, tenants is None, sorted(tenants or ())])
+        row = cursor.fetchone()
+    found = None if row is None else rows.operation_from_row(row)
+    if found is None:
+        raise NotFound(
+            f"expected operation {operation_id!r} among the tenants you may see, found none"
+        )
+    return found
+
+
+def access_run(key: AgentKey, run_id: str) -> Run:
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 100:
+        raise NotFound(f"expected a run id, found {run_id!r}")
+    found = _visible(key, Run.objects.filter(run_id=run_id)).first()
+    if found is None:
+        raise NotFound(f"expected run {run_id!r} among the tenants you may see, found none")
+    return found
+
+
+def access_obligation(key: AgentKey, obligation_key: str) -> Obligation:
+    if not isinstance(obligation_key, str) or not 0 < len(obligation_key) <= 200:
+        raise NotFound(f"expected an obligation key, found {obligation_key!r}")
+    found = _visible(key, Obligation.objects.filter(key=obligation_key)).first()
+    if found is None:
+        raise NotFound(
+            f"expected obligation {obligation_key!r} among the tenants you may see, found none"
+        )
+    return found
+
+
+def tenant_for(key: AgentKey, tenant: str | None) -> str:
+    """The tenant a write goes to: the one named (which the key must see), or the key's
+    only tenant, or "default" when the key sees it."""
+    if tenant is None:
+        if len(key.tenants) == 1:
+            return key.tenants[0]
+        if "default" in key.tenants:
+            return "default"
+        raise InvalidInput(
+            f"expected a tenant (key {key.name} sees {sorted(key.tenants)}), found none"
+        )
+    if not access.can_see(key, tenant):
+        raise PermissionDenied(
+            f"expected key {key.name} to be granted tenant {tenant!r}, found it scoped to "
+            f"{sorted(key.tenants)}"
+        )
+    return tenant
+
+
+# --- operations --------------------------------------------------------------------------
+
+
+@storable_arguments
+def record_intent(
+    key: AgentKey,
+    *,
+    operation: str,
+    target: str,
+    intent: dict[str, Any],
+    idempotency_key: str | None = None,
+    tenant: str | None = None,
+    run: str | None = None,
+    step: str | None = None,
+    retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
+    redact: list[str] | None = None,
+    fingerprint_fields: list[str] | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """(the operation, whether this call recorded it). Same key and intent: the existing
+    operation, whatever its state (do not send again)."""
+    run_obj = access_run(key, run) if run is not None else None
+    if run_obj is not None and tenant is None:
+        tenant = run_obj.tenant
+    op = receipts.record_intent(
+        operation, target, intent, tenant=tenant_for(key, tenant), run=run_obj, step=step,
+        idempotency_key=idempotency_key, fingerprint_fields=fingerprint_fields,
+        redact=redact or (), retry_policy=retry_policy, actor=key.name,
+    )
+    return operation_dict(op), op.recorded_now
+
+
+@storable_arguments
+def mark(
+    key: AgentKey,
+    operation_id: str,
+    outcome: str,
+    *,
+    expected_version: int | None = None,
+    fencing_token: int | None = None,
+    in_flight_seconds: float | None = None,
+    external_id: str | None = None,
+    evidence: Any = None,
+    error_code: str | None = None,
+    detail: str = "",
+) -> dict[str, Any]:
+    """Record how the operation's call went (`outcome` one of OUTCOMES)."""
+    op = access_operation(key, operation_id)
+    common = {"fencing_token": fencing_token, "expected_version": expected_version,
+              "actor": key.name}
+    if outcome == "submitted":
+        if in_flight_seconds is not None:
+            if not HAS_IN_FLIGHT_WINDOW:
+                raise InvalidInput(
+                    "expected no in_flight_seconds (this ledger has no in-flight window), "
+                    f"found {in_flight_seconds!r}"
+                )
+            common["in_flight_for"] = timedelta(seconds=in_flight_seconds)
+        op = receipts.mark_submitted(op, **common)
+    elif outcome == "succeeded":
+        op = receipts.mark_succeeded(op, external_id=external_id, evidence=evidence, **common)
+    elif outcome == "rejected":
+        op = receipts.mark_rejected(op, error_code=error_code, detail=detail, **common)
+    elif outcome == "outcome_unknown":
+        op = receipts.mark_outcome_unknown(op, error_code=error_code, detail=detail, **common)
+    else:
+        raise InvalidInput(f"expected an outcome among {list(OUTCOMES)}, found {outcome!r}")
+    return operation_dict(op)
+
+
+@storable_arguments
+def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
+    """The receipt with its events (oldest first) and evidence. Three queries."""
+    op = access_operation(key, operation_id)
+    data = operation_dict(op)
+    data["events"] = [
+        event_dict(e) for e in OperationEvent.objects.filter(operation=op).order_by("version")
+    ]
+    data["evidence"] = [
+        evidence_dict(e)
+        for e in Evidence.objects.filter(operation=op).order_by("created_at", "id")
+    ]
+    return data
+
+
+@storable_arguments
+def list_operations(
+    key: AgentKey,
+    *,
+    state: str | None = None,
+    operation: str | None = None,
+    tenant: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> dict[str, Any]:
+    """Newest first, keyset-paged on the operation id: `next_cursor` is the id to pass as
+    `cursor` for the next page (None on the last). One query per page."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput(f"expected limit between 1 and {MAX_PAGE}, found {limit!r}")
+    rows = _visible(key, Operation.objects.select_related("run", "step"))
+    if tenant is not None:
+        rows = rows.filter(tenant=tenant)
+    if state is not None:
+        rows = rows.filter(state=state)
+    if operation is not None:
+        rows = rows.filter(operation=operation)
+    if cursor is not None:
+        rows = rows.filter(operation_id__lt=cursor)
+    page = list(rows.order_by("-operation_id")[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return {
+        "items": [operation_dict(op) for op in page],
+        "next_cursor": page[-1].operation_id if more else None,
+    }
+
+
+# --- facts -------------------------------------------------------------------------------
+
+
+@storable_arguments
+def read_facts(key: AgentKey, subject: str, *, tenant: str | None = None) -> list[dict]:
+    return [fact_dict(f) for f in facts.read_facts(subject, tenant=tenant_for(key, tenant))]
+
+
+@storable_arguments
+def assert_fact(
+    key: AgentKey,
+    *,
+    subject: str,
+    predicate: str,
+    value: Any,
+    source: str | None = None,
+    observed_at: datetime | None = None,
+    expected_version: int | None = None,
+    tenant: str | None = None,
+    run: str | None = None,
+    fencing_token: int | None = None,
+) -> dict[str, Any]:
+    """The fact's source is always the key's name (with the agent's own `source` after a
+    slash), so an agent can neither speak for another nor for a reviewer."""
+    run_obj = access_run(key, run) if run is not None else None
+    if run_obj is not None and tenant is None:
+        tenant = run_obj.tenant
+    if source is not None and (not isinstance(source, str) or not source.strip()):
+        raise InvalidInput(f"expected source to be a non-empty string, found {source!r}")
+    fact = facts.assert_fact(
+        subject, predicate, value, source=key.name + (f"/{source}" if source else ""),
+        observed_at=observed_at, expected_version=expected_version,
+        tenant=tenant_for(key, tenant), run=run_obj, fencing_token=fencing_token,
+    )
+    return fact_dict(fact)
+
+
+# --- runs and obligations ----------------------------------------------------------------
+
+
+@storable_arguments
+def start_run(
+    key: AgentKey, *, objective: str, tenant: str | None = None, run_id: str | None = None
+) -> dict[str, Any]:
+    if run_id is not None:
+        existing = Run.objects.filter(run_id=run_id).only("tenant").first()
+        if existing is not None and not access.can_see(key, existing.tenant):
+            # Another tenant's run id: refused without saying whose it is.
+            raise InvalidInput(f"expected run_id {run_id!r} to be new, found it taken")
+    run = runs.start(objective, tenant=tenant_for(key, tenant), run_id=run_id)
+    return run_dict(run)
+
+
+@storable_arguments
+def add_step(
+    key: AgentKey, run_id: str, *, step_id: str, depends_on: list[str] | None = None
+) -> dict[str, Any]:
+    run = access_run(key, run_id)
+    step = runs.add_step(run, step_id, depends_on=depends_on or ())
+    return {"run_id": run.run_id, "step_id": step.step_id, "state": step.state,
+            "depends_on": sorted(depends_on or ())}
+
+
+@storable_arguments
+def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None) -> dict[str, Any]:
+    """Take the run's lease for this key's agent; the view carries the fencing `token`."""
+    run = access_run(key, run_id)
+    kwargs = {}
+    if ttl_seconds is not None:
+        kwargs["ttl"] = timedelta(seconds=ttl_seconds)
+    return runs.resume(run, worker=key.name, **kwargs).as_dict()
+
+
+@storable_arguments
+def open_obligation(
+    key: AgentKey,
+    *,
+    run: str,
+    kind: str,
+    obligation_key: str,
+    deadline: datetime | None = None,
+    fencing_token: int | None = None,
+) -> dict[str, Any]:
+    run_obj = access_run(key, run)
+    existing = Obligation.objects.filter(key=obligation_key).only("tenant").first() \
+        if isinstance(obligation_key, str) else None
+    if existing is not None and not access.can_see(key, existing.tenant):
+        raise InvalidInput(f"expected obligation key {obligation_key!r} to be new, found it "
+                           "taken")
+    obligation = obligations.open(run_obj, kind, obligation_key, deadline=deadline,
+                                  fencing_token=fencing_token)
+    return obligation_dict(obligation, run_obj)
+
+
+@storable_arguments
+def commit_obligation(
+    key: AgentKey, obligation_key: str, *, result: Any, fencing_token: int | None = None
+) -> dict[str, Any]:
+    """Exactly once: a later or concurrent commit gets AlreadyCommitted with the winner's
+    result."""
+    found = access_obligation(key, obligation_key)
+    obligation = obligations.commit(found.key, result, fencing_token=fencing_token)
+    return obligation_dict(obligation, None)
+
+
+# --- what the surfaces return ------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def operation_dict(op: Operation) -> dict[str, Any]:
+    return {
+        "operation_id": op.operation_id,
+        "tenant": op.tenant,
+        "operation": op.operation,
+        "target": op.target,
+        "state": op.state,
+        "version": op.version,
+        "attempt": op.attempt,
+        "idempotency_key": op.idempotency_key,
+        "intent_fingerprint": op.intent_fingerprint,
+        "external_id": op.external_id,
+        "intent": op.intent,
+        "retry_policy": op.retry_policy,
+        "error_code": op.error_code,
+        "error_detail": op.error_detail,
+        "conflict": op.conflict,
+        "authentication_recorded": op.authentication_recorded,
+        "run_id": op.run.run_id if op.run_id else None,
+        "step_id": op.step.step_id if op.step_id else None,
+        "created_at": _iso(op.created_at),
+        "state_changed_at": _iso(op.state_changed_at),
+        "submitted_at": _iso(op.submitted_at),
+        "completed_at": _iso(op.completed_at),
+    }
+
+
+def event_dict(event: OperationEvent) -> dict[str, Any]:
+    return {
+        "version": event.version,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "actor_kind": event.actor_kind,
+        "actor_id": event.actor_id,
+        "reason": event.reason,
+        "evidence": event.evidence,
+        "fencing_token": event.fencing_token,
+        "created_at": _iso(event.created_at),
+    }
+
+
+def evidence_dict(evidence: Evidence) -> dict[str, Any]:
+    return {
+        "reconciler": evidence.reconciler,
+        "query": evidence.query,
+        "observed": evidence.observed,
+        "verdict": evidence.verdict,
+        "matched_by": evidence.matched_by,
+        "detail": evidence.detail,
+        "created_at": _iso(evidence.created_at),
+    }
+
+
+def fact_dict(fact: Fact) -> dict[str, Any]:
+    conflict = getattr(fact, "conflict", None) if fact.is_candidate else None
+    return {
+        "tenant": fact.tenant,
+        "subject": fact.subject,
+        "predicate": fact.predicate,
+        "value": fact.value,
+        "version": fact.version,
+        "status": fact.status,
+        "source": fact.source,
+        "observed_at": _iso(fact.observed_at),
+        "run_id": fact.run.run_id if fact.run_id else None,
+        "is_candidate": fact.is_candidate,
+        "conflict_id": conflict.pk if conflict is not None else None,
+    }
+
+
+def run_dict(run: Run) -> dict[str, Any]:
+    return {"run_id": run.run_id, "tenant": run.tenant, "objective": run.objective}
+
+
+def obligation_dict(obligation: Obligation, run: Run | None) -> dict[str, Any]:
+    run = run or obligation.run
+    return {
+        "key": obligation.key,
+        "kind": obligation.kind,
+        "run_id": run.run_id,
+        "tenant": obligation.tenant,
+        "state": obligation.state,
+        "deadline": _iso(obligation.deadline),
+        "result": obligation.result,
+        "committed_at": _iso(obligation.committed_at),
+    }

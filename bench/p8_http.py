@@ -1,0 +1,144 @@
+"""P8: what the network costs an agent: the receipt lifecycle over HTTP against in process.
+
+N operations go through intent -> submitted -> succeeded twice: through the HTTP API
+(three POSTs with an agent key on one keep-alive httpx connection, to a uvicorn process
+serving `config.asgi:application`, as production does) and through the `ledger` API in
+this process. Both sides interleave operation by operation against the same database;
+the claim is the ratio of the median lifecycles (HTTP / in process), the ratio of the
+totals beside it. Each HTTP request also authenticates its key and fetches the operation
+it names, which the in-process agent, holding the object, does not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+if __package__ in (None, ""):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    ROOT,
+    Stopwatch,
+    interleave,
+    ms,
+    parse_args,
+    print_table,
+    quiet_server,
+    record,
+    setup_django,
+)
+from bench.p2_queue import reset
+
+SCALES = {"quick": 300, "full": 2000}
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT, env={**os.environ, "DJANGO_DEBUG": "0"},  # as served: no query log
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    return server, f"http://127.0.0.1:{port}"
+
+
+def main() -> dict:
+    args = parse_args(__doc__.splitlines()[0])
+    setup_django()
+    import httpx
+    from django.db import connection
+
+    from ledger import agent_keys, receipts
+    from ledger.management.commands.agent_key import ShellOperator
+
+    reset()
+    run = uuid.uuid4().hex[:10]  # keys never collide with an earlier run's
+    _, secret = agent_keys.create(f"bench-p7-{run}", tenants=["default"], user=ShellOperator())
+    quiet_server()
+    server, url = start_server()
+    client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"},
+                          timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if client.get("/api/v1/openapi.json").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("expected the uvicorn server to start, found it down")
+            time.sleep(0.2)
+
+        n = SCALES[args.scale]
+        counter = itertools.count()
+
+        def intent(i: int) -> dict:
+            return {"title": f"Quarterly report {run}-{i}", "body": "x" * 400,
+                    "tags": ["a", "b"], "headers": {"Authorization": "Bearer secret"}}
+
+        def in_process():
+            i = next(counter)
+            op = receipts.record_intent("bench.http", "https://cms.example/api", intent(i),
+                                        idempotency_key=f"p7-{run}-{i}", actor="bench")
+            receipts.mark_submitted(op, actor="bench")
+            receipts.mark_succeeded(op, external_id=f"ext-{i}", actor="bench")
+
+        def over_http():
+            i = next(counter)
+            r = client.post("/api/v1/operations", json={
+                "operation": "bench.http", "target": "https://cms.example/api",
+                "intent": intent(i), "idempotency_key": f"p7-{run}-{i}"})
+            operation_id = r.json()["operation_id"]
+            r2 = client.post(f"/api/v1/operations/{operation_id}/submitted", json={})
+            r3 = client.post(f"/api/v1/operations/{operation_id}/succeeded",
+                             json={"external_id": f"ext-{i}"})
+            if (r.status_code, r2.status_code, r3.status_code) != (201, 200, 200):
+                raise SystemExit(f"expected 201, 200, 200, found {r.status_code} "
+                                 f"{r2.status_code} {r3.status_code}: {r3.text[:300]}")
+
+        for _ in range(20):  # warm caches, plans and connections on both sides
+            in_process()
+            over_http()
+        local, http = Stopwatch("in process"), Stopwatch("http")
+        interleave(n, [(local, in_process), (http, over_http)])
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(timeout=30)
+        agent_keys.revoke(f"bench-p7-{run}", user=ShellOperator())
+        connection.close()
+
+    summary = {
+        "scale": args.scale,
+        "operations": n,
+        "ratio": http.median / local.median,
+        "ratio_of_totals": http.total / local.total,
+        "http_median_ms": http.median * 1000,
+        "in_process_median_ms": local.median * 1000,
+        "http_p99_ms": http.percentile(0.99) * 1000,
+    }
+    print_table(f"P8 lifecycle over HTTP, {n} operations each", [
+        ("in process (ledger API)", f"{n / local.total:8.0f} ops/s, median {ms(local.median)}"),
+        ("HTTP API (3 POSTs, keep-alive)", f"{n / http.total:8.0f} ops/s, "
+                                           f"median {ms(http.median)}"),
+        ("ratio HTTP / in process", f"{summary['ratio']:.2f}x of the medians, "
+                                    f"{summary['ratio_of_totals']:.2f}x of the totals"),
+    ])
+    record("P8", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

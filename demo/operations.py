@@ -1,0 +1,131 @@
+"""Demo operations: simulated agents against the simulated articles service, reconciled.
+
+`seed_operations` leaves a realistic mix: plain successes, rejections, timeouts after the
+commit (reconciled to succeeded), lost requests (proven absent: safe_to_retry, or
+manual_review under retry policy "never"), two operations with the same fingerprint that
+both took effect, two that cannot be told apart during a key-index outage (ambiguous:
+manual_review), a crashed sender swept to outcome_unknown, and some still outcome_unknown
+(reads inside the service's consistency window, and one not looked at yet). Everything
+goes through the ledger API; the service runs in-process on 127.0.0.1 and stops after.
+"""
+
+from __future__ import annotations
+
+import http.client
+from collections import Counter
+from datetime import timedelta
+
+from demo.simulated.articles import (
+    ArticleRejected,
+    ArticlesClient,
+    ArticlesService,
+    ServiceError,
+)
+from ledger import leases, receipts, reconcile
+from ledger.models import Operation, Run
+
+WORKER = "demo-reconciler"
+TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ServiceError)
+
+
+def seed_operations(stdout) -> None:
+    """Create the demo operations once; a second call finds them and changes nothing."""
+    if Run.objects.filter(run_id__startswith="demo-").exists():
+        stdout.write("Demo operations exist already; left them as they are.")
+        return
+    newsroom = Run.objects.create(run_id="demo-newsroom", tenant="default",
+                                  objective="Publish the morning newsroom articles")
+    acme = Run.objects.create(run_id="demo-acme-blog", tenant="acme",
+                              objective="Cross-post the acme product blog")
+    with ArticlesService(slow_seconds=0.6) as service:
+        agent = _Agent(service)
+        # Plain successes, rejections, timeouts after the commit, lost requests.
+        for step, title in [("lead", "Harbour reopens after storm"),
+                            ("weather", "Weekend weather: sun, then rain"),
+                            ("sports", "Local club wins the cup")]:
+            agent.send(newsroom, step, title)
+        agent.send(acme, "launch", "Acme ships version 2")
+        agent.send(newsroom, "untitled", "")  # 422: rejected, nothing created
+        agent.send(acme, "bad-draft", " ")
+        agent.send(newsroom, "markets", "Markets close higher", fault="drop_response")
+        agent.send(newsroom, "traffic", "Bridge closed for repairs", fault="slow")
+        agent.send(acme, "pricing", "New pricing for teams", fault="drop_response")
+        agent.send(newsroom, "letters", "Letters to the editor", fault="lose_request")
+        agent.send(acme, "changelog", "Changelog for March", fault="lose_request")
+        agent.send(acme, "invoice-mail", "Invoice reminder", fault="lose_request",
+                   retry_policy="never")
+        # Two operations, same content, both took effect (the desk shows them side by side).
+        agent.send(newsroom, "digest", "Weekly digest")
+        agent.send(newsroom, "digest-again", "Weekly digest")
+        reconcile.run_once(worker=WORKER)
+
+        # An outage of the service's key index: the reconciler searches by fingerprint.
+        service.key_lookup = False
+        agent.send(newsroom, "obituary", "In memoriam: a town's baker", fault="drop_response")
+        agent.send(acme, "promo-a", "Spring promotion", fault="drop_response")
+        agent.send(acme, "promo-b", "Spring promotion", fault="drop_response")
+        reconcile.run_once(worker=WORKER)
+        service.key_lookup = True
+
+        # A sender that crashed after marking the call submitted, before sending it.
+        _crashed_sender(newsroom, service)
+        reconcile.sweep_stale_submissions(older_than=timedelta(0))
+        reconcile.run_once(worker=WORKER)
+
+        # Reads lag behind writes: these stay outcome_unknown, retried with backoff.
+        service.read_lag = 3600
+        agent.send(newsroom, "late-edition", "Late edition", fault="drop_response")
+        agent.send(acme, "webinar", "Webinar next Tuesday", fault="slow")
+        reconcile.run_once(worker=WORKER)
+        # Timed out just now; no reconciler has looked at it yet.
+        agent.send(acme, "newsletter", "April newsletter", fault="drop_response")
+        side_effects = len(service.side_effects())
+    _report(stdout, side_effects)
+
+
+class _Agent:
+    """A simulated agent: record the intent, submit, call the service, record the answer."""
+
+    def __init__(self, service: ArticlesService):
+        self.service = service
+
+    def send(self, run: Run, step: str, title: str, *, fault: str | None = None,
+             retry_policy: str = "if_absent_proven") -> Operation:
+        client = ArticlesClient(self.service.url, timeout=0.3 if fault == "slow" else 5.0)
+        body = f"{title.strip() or 'Untitled'}: the full text."
+        op = receipts.record_intent(
+            "articles.create", client.articles_url,
+            {"title": title, "body": body, "headers": {"Authorization": "Bearer demo-secret"}},
+            tenant=run.tenant, run=run, idempotency_key=receipts.idempotency_key(run.run_id, step),
+            retry_policy=retry_policy, actor=f"agent:{run.run_id}",
+        )
+        try:
+            with receipts.submit(op, rejections=(ArticleRejected,)) as attempt:
+                answer = client.create(title=title, body=body,
+                                       idempotency_key=op.idempotency_key, fault=fault)
+                attempt.succeeded(external_id=answer["id"])
+        except (ArticleRejected, *TRANSPORT_ERRORS):
+            pass
+        return op
+
+
+def _crashed_sender(run: Run, service: ArticlesService) -> None:
+    token = leases.acquire(run.lease_resource, f"agent:{run.run_id}", timedelta(seconds=30))
+    op = receipts.record_intent(
+        "articles.create", service.articles_url,
+        {"title": "Night desk summary", "body": "Never sent: the agent died."},
+        tenant=run.tenant, run=run,
+        idempotency_key=receipts.idempotency_key(run.run_id, "night-desk"),
+        actor=f"agent:{run.run_id}",
+    )
+    receipts.mark_submitted(op, fencing_token=token)
+    leases.release(run.lease_resource, f"agent:{run.run_id}", token)  # ... and it died
+
+
+def _report(stdout, side_effects: int) -> None:
+    states = Counter(
+        Operation.objects.filter(run__run_id__startswith="demo-").values_list("state", flat=True)
+    )
+    summary = ", ".join(f"{state} {count}" for state, count in sorted(states.items()))
+    stdout.write(f"Demo operations: {sum(states.values())} ({summary}); the simulated "
+                 f"service created {side_effects} articles.")

@@ -1,0 +1,430 @@
+"""A simulated "articles" HTTP service, the client agents use, and its reconciler.
+
+The service (`ArticlesService`) is a stdlib ThreadingHTTPServer that listens on 127.0.0.1
+only, on a random port. It misbehaves on demand, per server (attributes) or per request
+(the `X-Simulate-Fault` header, or `fail_next`):
+
+- "drop_response": commit the article, then close the connection without answering;
+- "lose_request": read the request, then close the connection without committing;
+- "slow": commit, then wait `slow_seconds` before answering (clients time out);
+- eventually consistent reads (`read_lag` seconds): a read does not show articles
+  committed in the last `read_lag` seconds, and says so with `consistent_as_of`;
+- `key_lookup = False`: lookups by idempotency key answer 501 (an index outage), so the
+  reconciler falls back to its fingerprint search;
+- `dedupe_keys = False`: a resent key creates a second article (the service records the
+  key but does not enforce it), so only the ledger prevents duplicates.
+
+Endpoints: POST /articles (JSON title, body; header Idempotency-Key; 422 when the title is
+empty), GET /articles/<id>, GET /articles?idempotency_key=K,
+GET /articles?fingerprint=F&since=ISO&limit=N (bounded: at most N, with `truncated`).
+
+`ArticlesReconciler`, registered for "articles.create", reads the service named by the
+operation's target: lookup by external id or idempotency key, else a bounded search on the
+content fingerprint. It never treats a read inside the consistency window as proof of
+absence (NotYet). It never talks to anything but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from ledger import reconcile
+from ledger.canonical import fingerprint, redact
+from ledger.models import Operation
+
+HOST = "127.0.0.1"
+FAULTS = ("drop_response", "lose_request", "slow")
+
+
+class ArticleRejected(Exception):
+    """The service refused the request (a 4xx): it created nothing."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status} {message}")
+        self.status = status
+
+
+class ServiceError(Exception):
+    """The service answered 5xx or something unreadable: the outcome is not known."""
+
+
+def content_fingerprint(title: Any, body: Any) -> str:
+    """What the service and the reconciler both compute from an article's content."""
+    return fingerprint(redact({"title": title, "body": body}))
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+# --- the service -----------------------------------------------------------------------------
+
+
+class ArticlesService:
+    """The simulated service; `with ArticlesService() as service:` starts and stops it."""
+
+    def __init__(self, *, read_lag: float = 0.0, slow_seconds: float = 2.0,
+                 fault: str | None = None, dedupe_keys: bool = True, key_lookup: bool = True):
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"expected fault one of {FAULTS} or None, found {fault!r}")
+        self.read_lag = read_lag
+        self.slow_seconds = slow_seconds
+        self.fault = fault
+        self.dedupe_keys = dedupe_keys
+        self.key_lookup = key_lookup
+        self._articles: list[dict[str, Any]] = []
+        self._queued_faults: deque[str] = deque()
+        self._in_flight: dict[int, datetime] = {}
+        self._tickets = itertools.count(1)
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # life cycle
+    def start(self) -> ArticlesService:
+        self._server = ThreadingHTTPServer((HOST, 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._server.block_on_close = False
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="articles-service", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> ArticlesService:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def articles_url(self) -> str:
+        return f"{self.url}/articles"
+
+    # what tests and the demo inspect
+    def fail_next(self, fault: str, times: int = 1) -> None:
+        """The next `times` POSTs misbehave with `fault`."""
+        if fault not in FAULTS:
+            raise ValueError(f"expected fault one of {FAULTS}, found {fault!r}")
+        with self._lock:
+            self._queued_faults.extend([fault] * times)
+
+    def side_effects(self) -> list[dict[str, Any]]:
+        """Every article ever committed, visible to reads or not (the ground truth)."""
+        with self._lock:
+            return [dict(a) for a in self._articles]
+
+    # behaviour
+    def _next_fault(self, requested: str | None) -> str | None:
+        with self._lock:
+            if requested:
+                return requested
+            if self._queued_faults:
+                return self._queued_faults.popleft()
+        return self.fault
+
+    def _create(self, payload: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
+        title = payload.get("title")
+        if not isinstance(title, str) or not title.strip():
+            return 422, {"error": "title must not be empty"}
+        body = payload.get("body", "")
+        with self._lock:
+            if key and self.dedupe_keys:
+                for article in self._articles:
+                    if article["idempotency_key"] == key:
+                        return 200, dict(article)
+            article = {
+                "id": f"art-{len(self._articles) + 1:05d}",
+                "title": title,
+                "body": body,
+                "idempotency_key": key,
+                "fingerprint": content_fingerprint(title, body),
+                "committed_at": _iso(datetime.now(UTC)),
+            }
+            self._articles.append(article)
+            return 201, dict(article)
+
+    def _horizon(self) -> datetime:
+        """Reads reflect every write committed, and every request started, before this."""
+        now = datetime.now(UTC)
+        horizon = now - timedelta(seconds=self.read_lag)
+        with self._lock:
+            if self._in_flight:
+                horizon = min(horizon, min(self._in_flight.values()))
+        return horizon
+
+    def _visible(self) -> tuple[list[dict[str, Any]], datetime]:
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.read_lag)
+        horizon = self._horizon()
+        with self._lock:
+            shown = [dict(a) for a in self._articles
+                     if datetime.fromisoformat(a["committed_at"]) <= cutoff]
+        return shown, horizon
+
+    def _enter(self) -> int:
+        with self._lock:
+            ticket = next(self._tickets)
+            self._in_flight[ticket] = datetime.now(UTC)
+            return ticket
+
+    def _leave(self, ticket: int) -> None:
+        with self._lock:
+            self._in_flight.pop(ticket, None)
+
+
+def _handler_for(service: ArticlesService):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format, *args):  # quiet: tests and the demo print their own
+            pass
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up waiting (a slow answer)
+
+        def _hang_up(self) -> None:
+            self.close_connection = True
+
+        def do_POST(self):
+            ticket = service._enter()
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                fault = service._next_fault(self.headers.get("X-Simulate-Fault"))
+                if fault == "lose_request":
+                    return self._hang_up()
+                if urlsplit(self.path).path != "/articles":
+                    return self._send(404, {"error": "no such endpoint"})
+                try:
+                    payload = json.loads(raw or b"{}")
+                except ValueError:
+                    return self._send(400, {"error": "expected a JSON body"})
+                if not isinstance(payload, dict):
+                    return self._send(400, {"error": "expected a JSON object"})
+                status, answer = service._create(payload, self.headers.get("Idempotency-Key", ""))
+            finally:
+                service._leave(ticket)
+            if status < 300 and fault == "drop_response":
+                return self._hang_up()
+            if status < 300 and fault == "slow":
+                time.sleep(service.slow_seconds)
+            self._send(status, answer)
+
+        def do_GET(self):
+            parts = urlsplit(self.path)
+            params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+            shown, horizon = service._visible()
+            if parts.path.startswith("/articles/"):
+                wanted = parts.path.removeprefix("/articles/")
+                for article in shown:
+                    if article["id"] == wanted:
+                        return self._send(200, {"article": article,
+                                                "consistent_as_of": _iso(horizon)})
+                return self._send(404, {"error": f"no article {wanted}",
+                                        "consistent_as_of": _iso(horizon)})
+            if parts.path != "/articles":
+                return self._send(404, {"error": "no such endpoint"})
+            if "idempotency_key" in params:
+                if not service.key_lookup:
+                    return self._send(501, {"error": "lookup by idempotency key unavailable"})
+                matches = [a for a in shown if a["idempotency_key"] == params["idempotency_key"]]
+                return self._send(200, {"matches": matches, "consistent_as_of": _iso(horizon)})
+            if "fingerprint" in params:
+                return self._search(shown, horizon, params)
+            return self._send(400, {"error": "expected idempotency_key or fingerprint"})
+
+        def _search(self, shown, horizon, params):
+            try:
+                limit = max(1, min(int(params.get("limit", "20")), 100))
+                since = datetime.fromisoformat(params.get("since") or "1970-01-01T00:00:00+00:00")
+            except ValueError:
+                return self._send(400, {"error": "expected an integer limit and an ISO since"})
+            matches = [a for a in shown if a["fingerprint"] == params["fingerprint"]
+                       and datetime.fromisoformat(a["committed_at"]) >= since]
+            self._send(200, {"matches": matches[:limit], "truncated": len(matches) > limit,
+                             "consistent_as_of": _iso(horizon)})
+
+    return Handler
+
+
+# --- the client agents use -------------------------------------------------------------------
+
+
+class ArticlesClient:
+    """A small HTTP client for the service. Refuses any host but 127.0.0.1.
+
+    `create` raises ArticleRejected for a 4xx (nothing was created) and lets transport
+    errors (timeouts, dropped connections: OSError, http.client.HTTPException) through:
+    after those the outcome is unknown.
+    """
+
+    def __init__(self, base_url: str, *, timeout: float = 5.0):
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or parts.hostname != HOST or parts.port is None:
+            raise ValueError(
+                f"expected the simulated service at http://{HOST}:<port>, found {base_url!r}"
+            )
+        self.host, self.port, self.timeout = parts.hostname, parts.port, timeout
+
+    @property
+    def articles_url(self) -> str:
+        return f"http://{self.host}:{self.port}/articles"
+
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            data = response.read()
+        finally:
+            connection.close()
+        try:
+            return response.status, json.loads(data or b"{}")
+        except ValueError:
+            raise ServiceError(f"expected JSON from the service, found {data[:100]!r}") from None
+
+    def create(self, *, title: str, body: str = "", idempotency_key: str = "",
+               fault: str | None = None) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json", "Idempotency-Key": idempotency_key}
+        if fault:
+            headers["X-Simulate-Fault"] = fault
+        status, answer = self._request(
+            "POST", "/articles", json.dumps({"title": title, "body": body}).encode(), headers
+        )
+        if 400 <= status < 500:
+            raise ArticleRejected(status, answer.get("error", ""))
+        if status >= 500:
+            raise ServiceError(f"{status} {answer.get('error', '')}")
+        return answer
+
+    def get(self, article_id: str) -> tuple[int, dict[str, Any]]:
+        return self._request("GET", f"/articles/{article_id}")
+
+    def find_by_key(self, key: str) -> tuple[int, dict[str, Any]]:
+        return self._request("GET", "/articles?" + urlencode({"idempotency_key": key}))
+
+    def search(self, fingerprint: str, *, since: datetime, limit: int) -> tuple[int, dict]:
+        query = urlencode({"fingerprint": fingerprint, "since": _iso(since), "limit": limit})
+        return self._request("GET", f"/articles?{query}")
+
+
+# --- the reconciler --------------------------------------------------------------------------
+
+
+@reconcile.register("articles.create")
+class ArticlesReconciler(reconcile.Reconciler):
+    """Reads the simulated service named by the operation's target.
+
+    lookup: by external id when the receipt has one, else by idempotency key (None when the
+    key index answers 501). search: articles with the content fingerprint of the intent's
+    title and body, committed since shortly before the operation was recorded, at most
+    `search_limit`; matches already attributed to another operation are left out. Absence
+    counts as proof only when the service's `consistent_as_of` is later than the
+    submission (plus `clock_skew`); before that it is NotYet.
+    """
+
+    name = "articles.create (simulated service)"
+    grace_period = timedelta(minutes=5)
+    search_limit = 20
+    search_margin = timedelta(minutes=1)
+    clock_skew = timedelta(0)
+    timeout = 5.0
+
+    def lookup(self, op: Operation):
+        client = self._client(op)
+        if client is None:
+            return reconcile.Ambiguous(
+                reason=f"target {op.target!r} is not a simulated articles service on {HOST}; "
+                "a person must check it"
+            )
+        if op.external_id:
+            status, answer = client.get(op.external_id)
+            query = {"method": "lookup", "external_id": op.external_id}
+            if status == 200:
+                return reconcile.Found(op.external_id, answer, query=query,
+                                       matched_by="external_id")
+            _expect(status in (404,), status, answer)
+        status, answer = client.find_by_key(op.idempotency_key)
+        if status == 501:
+            return None
+        _expect(status == 200, status, answer)
+        query = {"method": "lookup", "idempotency_key": op.idempotency_key}
+        return self._judge(op, answer, query, "idempotency_key")
+
+    def search(self, op: Operation):
+        client = self._client(op)
+        if client is None:
+            return reconcile.Ambiguous(reason=f"target {op.target!r} cannot be searched")
+        intent = op.intent or {}
+        wanted = content_fingerprint(intent.get("title"), intent.get("body", ""))
+        since = op.created_at - self.search_margin
+        status, answer = client.search(wanted, since=since, limit=self.search_limit)
+        _expect(status == 200, status, answer)
+        query = {"method": "search", "fingerprint": wanted, "since": _iso(since),
+                 "limit": self.search_limit}
+        if answer.get("truncated"):
+            return reconcile.Ambiguous(
+                answer, reason=f"more than {self.search_limit} articles match the fingerprint",
+                query=query, matched_by="fingerprint",
+            )
+        claimed = set(
+            Operation.objects.filter(tenant=op.tenant, operation=op.operation,
+                                     external_id__in=[m["id"] for m in answer["matches"]])
+            .exclude(pk=op.pk).values_list("external_id", flat=True)
+        )
+        answer = {**answer, "matches": [m for m in answer["matches"] if m["id"] not in claimed],
+                  "attributed_to_other_operations": sorted(claimed)}
+        return self._judge(op, answer, query, "fingerprint")
+
+    def _judge(self, op: Operation, answer: dict, query: dict, matched_by: str):
+        matches = answer.get("matches", [])
+        if len(matches) == 1:
+            return reconcile.Found(matches[0]["id"], answer, query=query, matched_by=matched_by)
+        if len(matches) > 1:
+            return reconcile.Ambiguous(
+                answer, reason=f"{len(matches)} articles match by {matched_by}",
+                query=query, matched_by=matched_by,
+            )
+        horizon = datetime.fromisoformat(answer["consistent_as_of"])
+        if op.submitted_at is None or horizon < op.submitted_at + self.clock_skew:
+            return reconcile.NotYet(answer, query=query)
+        return reconcile.ProvenAbsent(answer, query=query, matched_by=matched_by)
+
+    def _client(self, op: Operation) -> ArticlesClient | None:
+        parts = urlsplit(op.target)
+        if parts.hostname != HOST or parts.port is None:
+            return None
+        return ArticlesClient(f"http://{HOST}:{parts.port}", timeout=self.timeout)
+
+
+def _expect(ok: bool, status: int, answer: dict) -> None:
+    if not ok:
+        raise ServiceError(f"unexpected answer {status} from the articles service: {answer}")

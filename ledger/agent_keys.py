@@ -1,0 +1,129 @@
+"""Agent keys: how an agent outside this process proves who it is.
+
+Admins create a key per agent (`create`) and revoke it (`revoke`); both are audited in
+`AgentKeyChange`. The secret is shown once, at creation: only its SHA-256 is stored, so
+neither the database nor a log can give it back. A secret is 32 random bytes, so one
+unsalted hash is enough (nothing to guess from); the lookup is by that hash and the
+comparison constant-time. A key is scoped to its tenants and acts as a principal wherever
+the ledger asks who is acting (`ledger.access.tenants_for`); its name is the actor recorded
+on every event it causes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Iterable
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from ledger import access
+from ledger.errors import InvalidInput
+from ledger.inputs import check_names
+from ledger.models import AgentKey, AgentKeyChange
+from ledger.prepared import prepared_cursor
+
+# Recognisable in a leaked config file or a secret scanner's rules.
+SECRET_PREFIX = "alk_"
+_SECRET = re.compile(r"^alk_[A-Za-z0-9_-]{43}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+
+
+def create(name: str, *, tenants: Iterable[str], user) -> tuple[AgentKey, str]:
+    """A new key for the agent `name`, seeing `tenants`; returns (key, secret).
+
+    The secret is returned only here, never stored. Needs `ledger.add_agentkey` (the admin
+    role). A name already used by a key, even a revoked one, raises InvalidInput: a name
+    names one agent for the life of the audit trail.
+    """
+    access.require_perm(user, "ledger.add_agentkey", doing="create agent keys")
+    _check_name(name)
+    tenants = check_names(tenants, "tenants", 100)
+    if not tenants:
+        raise InvalidInput("expected at least one tenant for the key, found none")
+    for tenant in tenants:  # nobody hands an agent a tenant they cannot see themselves
+        access.require_tenant(user, tenant)
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    now = timezone.now()
+    try:
+        with transaction.atomic(durable=True):
+            key = AgentKey.objects.create(
+                name=name, prefix=secret[:8], secret_hash=_hash(secret), tenants=tenants,
+                created_by_name=user.get_username(), created_at=now,
+            )
+            _audit(key, AgentKeyChange.Action.CREATED, user=user, now=now)
+    except IntegrityError:
+        raise InvalidInput(
+            f"expected a new agent name, found a key named {name!r} already "
+            "(revoked keys keep their names)"
+        ) from None
+    return key, secret
+
+
+def revoke(name: str, *, user) -> AgentKey:
+    """Revoke the key of agent `name`: it authenticates nothing from now on. Revoking a
+    revoked key returns it unchanged. Needs `ledger.change_agentkey` (the admin role)."""
+    access.require_perm(user, "ledger.change_agentkey", doing="revoke agent keys")
+    _check_name(name)
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        key = AgentKey.objects.select_for_update().filter(name=name).first()
+        if key is None:
+            raise InvalidInput(f"expected an agent key named {name!r}, found none")
+        for tenant in key.tenants:  # a key of a tenant one cannot see stays out of reach
+            access.require_tenant(user, tenant)
+        if key.revoked_at is not None:
+            return key
+        key.revoked_at, key.revoked_by_name = now, user.get_username()
+        key.save(update_fields=["revoked_at", "revoked_by_name"])
+        _audit(key, AgentKeyChange.Action.REVOKED, user=user, now=now)
+    return key
+
+
+def authenticate(secret: str) -> AgentKey | None:
+    """The live key whose secret this is, or None (malformed, unknown or revoked)."""
+    if not isinstance(secret, str) or not _SECRET.match(secret):
+        return None
+    digest = _hash(secret)
+    # On every request of every agent: prepared, without the ORM's query compilation.
+    with prepared_cursor() as cursor:
+        cursor.execute(_AUTHENTICATE, [digest])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = [field.from_db_value(value, None, connection) if hasattr(field, "from_db_value")
+              else value for field, value in zip(_KEY_FIELDS, row, strict=True)]
+    key = AgentKey.from_db(connection.alias, [f.attname for f in _KEY_FIELDS], values)
+    if not hmac.compare_digest(key.secret_hash, digest):
+        return None
+    return key
+
+
+_KEY_FIELDS = AgentKey._meta.concrete_fields
+_AUTHENTICATE = (
+    f"SELECT {', '.join(connection.ops.quote_name(f.column) for f in _KEY_FIELDS)}"
+    f" FROM {AgentKey._meta.db_table} WHERE secret_hash = %s AND revoked_at IS NULL"
+)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _check_name(name) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidInput(
+            "expected an agent name of letters, digits, '_', '.', ':' or '-' (at most 100, "
+            f"starting with a letter or digit), found {name!r}"
+        )
+
+
+def _audit(key: AgentKey, action: str, *, user, now) -> AgentKeyChange:
+    return AgentKeyChange.objects.create(
+        key=key, key_name=key.name, action=action, tenants=key.tenants,
+        changed_by=user if getattr(user, "pk", None) else None,
+        changed_by_name=user.get_username(), changed_at=now,
+    )

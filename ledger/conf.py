@@ -1,0 +1,82 @@
+"""The ledger's settings, each with its default: a host project sets only what it changes.
+
+Every `LEDGER_*` Django setting the ledger reads is declared here, and the ledger reads
+settings only through this module: `from ledger import conf`, then `conf.MAX_INTENT_BYTES`.
+Each read looks at `django.conf.settings` again, so `override_settings` and pytest-django's
+`settings` fixture take effect at once. A setting the host project leaves out has its
+default; `manage.py check` refuses a value of the wrong kind (see `check_settings`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: Any
+    kind: str  # "positive integer" or "list of module names"
+    doc: str
+
+
+SETTINGS: dict[str, Setting] = {
+    "MAX_INTENT_BYTES": Setting(
+        256 * 1024, "positive integer",
+        "Largest intent record_intent stores, in bytes of canonical JSON; more raises "
+        "InvalidInput.",
+    ),
+    "RECONCILE_MAX_FAILURES": Setting(
+        3, "positive integer",
+        "Reconciler errors in a row after which an operation goes to manual_review "
+        "(a reconciler's own `max_failures` wins).",
+    ),
+    "STALE_SUBMISSION_SECONDS": Setting(
+        600, "positive integer",
+        "Age after which a `submitted` operation whose run holds no live lease is swept to "
+        "outcome_unknown.",
+    ),
+    "RECONCILER_MODULES": Setting(
+        (), "list of module names",
+        "Modules imported before reconciling, so that their `@reconcile.register` classes "
+        "exist; none by default.",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        setting = SETTINGS[name]
+    except KeyError:
+        raise AttributeError(
+            f"expected one of the ledger settings {', '.join(SETTINGS)}, found {name!r}"
+        ) from None
+    return getattr(settings, f"LEDGER_{name}", setting.default)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *SETTINGS])
+
+
+def _problem(name: str, setting: Setting, value: Any) -> str | None:
+    if setting.kind == "positive integer":
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return None
+    elif isinstance(value, list | tuple) and all(
+        isinstance(m, str) and m.strip() for m in value
+    ):
+        return None
+    return f"expected LEDGER_{name} to be a {setting.kind}, found {value!r}"
+
+
+def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Names a malformed setting at `manage.py check` and every command that runs checks."""
+    errors = []
+    for name, setting in SETTINGS.items():
+        problem = _problem(name, setting, getattr(settings, f"LEDGER_{name}", setting.default))
+        if problem:
+            errors.append(checks.Error(problem, hint=setting.doc, id="ledger.E001"))
+    return errors

@@ -1,1 +1,0 @@
-"""Demo data for `manage.py demo_seed`, one module per area."""

@@ -1,0 +1,76 @@
+"""Every read the desk (and, through the same helpers, any other front end) needs, by noun.
+
+- `base`: `visible(principal, Model)`, the one tenant filter; `fetch_one`, the one
+  fetch-and-check; `capped_count`.
+- `pagination`: keyset pages on (timestamp, id), the one way every list pages.
+- `operations`, `facts`, `runs`, `audit`, `retention`: the reads of each noun, and the
+  `access_*` helpers that fetch one object and check the principal may see it
+  (`access_operation`, `access_conflict`, `access_run`, `access_policy`), raising
+  errors.NotFound or errors.PermissionDenied themselves.
+
+Writers (`receipts`, `facts`, `runs`, ...) import reads, never the other way round; the one
+exception is `ledger.retention`, whose rule the preview counts with (its SQL is the
+purge's). The names below are re-exported, so `selectors.review_queue` keeps working.
+"""
+
+from ledger.selectors.audit import (
+    AuditFilters,
+    HeadStatus,
+    VisibleAuditStatus,
+    audit_events,
+    audit_page,
+    audit_status,
+    audit_status_for,
+    iter_audit_events,
+)
+from ledger.selectors.base import capped_count, fetch_one, visible
+from ledger.selectors.facts import (
+    ConflictDetail,
+    access_conflict,
+    conflict_detail,
+    conflict_page,
+    conflicts_for,
+    visible_conflicts,
+)
+from ledger.selectors.operations import (
+    CONFLICT_COUNT_CAP,
+    CONFLICTING,
+    QUEUE_STATES,
+    OperationDetail,
+    QueueFilters,
+    QueuePage,
+    access_operation,
+    duplicates_of,
+    operation_detail,
+    resolutions_for,
+    review_queue,
+    visible_operations,
+    with_review_flags,
+)
+from ledger.selectors.pagination import MAX_PAGE_SIZE, Page, make_cursor, parse_cursor
+from ledger.selectors.retention import access_policy, retention_overview
+from ledger.selectors.runs import (
+    EXECUTION_COUNT_CAP,
+    ExecutionCounts,
+    RunDetail,
+    RunRecords,
+    access_run,
+    execution_counts,
+    overdue_page,
+    run_detail,
+    run_records,
+    visible_overdue,
+)
+
+__all__ = [
+    "CONFLICTING", "CONFLICT_COUNT_CAP", "EXECUTION_COUNT_CAP", "MAX_PAGE_SIZE",
+    "QUEUE_STATES", "AuditFilters", "ConflictDetail", "ExecutionCounts", "HeadStatus",
+    "OperationDetail", "Page", "QueueFilters", "QueuePage", "RunDetail", "RunRecords",
+    "VisibleAuditStatus", "access_conflict", "access_operation", "access_policy",
+    "access_run", "audit_events", "audit_page", "audit_status", "audit_status_for",
+    "capped_count", "conflict_detail", "conflict_page", "conflicts_for", "duplicates_of",
+    "execution_counts", "fetch_one", "iter_audit_events", "make_cursor", "operation_detail",
+    "overdue_page", "parse_cursor", "resolutions_for", "retention_overview", "review_queue",
+    "run_detail", "run_records", "visible", "visible_conflicts", "visible_operations",
+    "visible_overdue", "with_review_flags",
+]

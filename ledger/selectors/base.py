@@ -1,0 +1,42 @@
+"""What every read starts from: the rows of the tenants a principal may see.
+
+A principal is whoever asks: a desk user now, an agent key later; anything
+`ledger.access.tenants_for` can answer for. `visible` is the one tenant filter, and
+`fetch_one` the one way a single object is fetched and checked: a row of a tenant the
+principal may not see is not found (errors.NotFound), exactly like a row that does not exist,
+so a 404 never tells one from the other.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Model, QuerySet
+
+from ledger import access
+from ledger.errors import NotFound
+
+
+def visible[M: Model](principal, rows: type[M] | QuerySet[M]) -> QuerySet[M]:
+    """`rows` (a model with a `tenant` column, or a queryset of one) limited to the tenants
+    `principal` may see: every tenant for a superuser, none without a grant."""
+    qs = rows._default_manager.all() if isinstance(rows, type) else rows
+    tenants = access.tenants_for(principal)
+    return qs if tenants is None else qs.filter(tenant__in=tenants)
+
+
+def fetch_one[M: Model](qs: QuerySet[M], what: str, **lookup) -> M:
+    """The one row of `qs` matching `lookup`, or NotFound naming `what` ("operation X").
+
+    `qs` is already limited to what the principal may see (`visible`), so the fetch and the
+    check are one query.
+    """
+    try:
+        return qs.get(**lookup)
+    except qs.model.DoesNotExist:
+        raise NotFound(f"expected {what} among the tenants you may see, found none") from None
+
+
+def capped_count(qs: QuerySet, cap: int) -> tuple[int, bool]:
+    """How many rows `qs` has, counted up to `cap` (then shown as "cap+"): one query that
+    never counts a whole table. Returns (count, whether the cap was passed)."""
+    n = qs.order_by().values("pk")[: cap + 1].count()
+    return min(n, cap), n > cap

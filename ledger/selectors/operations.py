@@ -1,0 +1,215 @@
+"""Reads of operations: the queue, one operation with its timeline and duplicates.
+
+Every function takes the acting principal (`user`) and only ever returns operations of
+tenants it may see (`base.visible`). The queue is keyset-paginated on (state_changed_at, id)
+and runs a fixed number of queries whatever the page size; nothing here counts the whole
+operations table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
+
+from ledger import access, states
+from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models.operations import Conflict
+from ledger.selectors.base import capped_count, fetch_one, visible
+from ledger.selectors.pagination import Page, check_per_page, keyset_page
+from ledger.states import RetryPolicy, State
+
+# The pseudo-state the queue uses for conflicting operations.
+CONFLICTING = "conflicting"
+# Conflicting operations are counted up to this many (then shown as "100+").
+CONFLICT_COUNT_CAP = 100
+
+
+def visible_operations(user) -> QuerySet[Operation]:
+    """Operations of the tenants `user` may see (none for a user without grants)."""
+    return visible(user, Operation)
+
+
+def access_operation(user, operation_id: str) -> Operation:
+    """The operation `operation_id` if `user` may see its tenant; errors.NotFound otherwise
+    (another tenant's operation is reported exactly like a missing one). One query."""
+    return fetch_one(visible_operations(user), f"operation {operation_id!r}",
+                     operation_id=operation_id)
+
+
+def _latest_evidence():
+    return Evidence.objects.filter(operation=OuterRef("pk")).order_by("-created_at", "-id")
+
+
+def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
+    """Annotate `is_ambiguous`, `is_duplicate` and `latest_verdict` (all in the one query).
+
+    The two flags read `Operation.conflict`, which the reconciler (several matching
+    effects, until a person decides) and every move to succeeded (another operation with
+    the same fingerprint succeeded too) keep up to date: nothing here scans history.
+    """
+    return qs.annotate(
+        is_ambiguous=Q(conflict=Conflict.AMBIGUOUS),
+        is_duplicate=Q(conflict=Conflict.DUPLICATE),
+        latest_verdict=Subquery(_latest_evidence().values("verdict")[:1]),
+    )
+
+
+# --- the queue ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueFilters:
+    """What the reviewer asked for. `state` is a State value, "conflicting" or ""."""
+
+    state: str = ""
+    operation: str = ""
+    tenant: str = ""
+    older_than: timedelta | None = None
+    search: str = ""
+    oldest_first: bool = False
+
+
+@dataclass
+class QueuePage(Page):
+    counts: dict[str, int] = field(default_factory=dict)
+    conflicts_capped: bool = False
+
+
+QUEUE_STATES: tuple[str, ...] = states.QUEUE_STATES
+
+
+def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operation]:
+    """Every filter except the state (the counts per state ignore the state filter)."""
+    qs = visible_operations(user)
+    if filters.operation:
+        qs = qs.filter(operation=filters.operation)
+    if filters.tenant:
+        qs = qs.filter(tenant=filters.tenant)
+    if filters.older_than is not None:
+        qs = qs.filter(state_changed_at__lte=now - filters.older_than)
+    if filters.search:
+        term = filters.search.strip()
+        qs = qs.filter(Q(operation_id=term) | Q(external_id=term) | Q(idempotency_key=term))
+    return qs
+
+
+def _conflicting() -> Q:
+    return Q(conflict__gt="")
+
+
+def _in_queue(qs: QuerySet[Operation], state: str, *, searching: bool) -> QuerySet[Operation]:
+    if state == CONFLICTING:
+        return qs.filter(_conflicting())
+    if state:
+        return qs.filter(state=state)
+    if searching:
+        # A search finds the operation whatever its state: reviewers look things up.
+        return qs
+    return qs.filter(Q(state__in=QUEUE_STATES) | _conflicting())
+
+
+def review_queue(
+    user,
+    filters: QueueFilters | None = None,
+    *,
+    cursor: str = "",
+    per_page: int = 50,
+    now: datetime | None = None,
+) -> QueuePage:
+    """One page of the operations waiting on a person, plus counts per queue state.
+
+    Ordered by when the operation entered its state (newest first unless
+    `oldest_first`), keyset-paginated: `cursor` is the `next_cursor` of the page before.
+    Three queries whatever `per_page`: the page, a grouped count over the indexed
+    unresolved states, and a count of conflicting operations capped at
+    CONFLICT_COUNT_CAP. Raises InvalidInput for a malformed cursor or page size.
+    """
+    filters = filters or QueueFilters()
+    now = now or timezone.now()
+    per_page = check_per_page(per_page)
+    filtered = _filtered(user, filters, now=now)
+    flagged = with_review_flags(filtered).select_related("run").defer("intent", "error_detail")
+    qs = _in_queue(flagged, filters.state, searching=bool(filters.search))
+    order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
+    page = QueuePage(**keyset_page(qs.order_by(*order), "state_changed_at", cursor=cursor,
+                                   per_page=per_page, descending=not filters.oldest_first))
+    page.counts, page.conflicts_capped = _queue_counts(filtered)
+    return page
+
+
+def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
+    counts = dict.fromkeys(QUEUE_STATES, 0)
+    counts.update(
+        filtered.filter(state__in=QUEUE_STATES)
+        .order_by()
+        .values("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    counts[CONFLICTING], capped = capped_count(
+        with_review_flags(filtered).filter(_conflicting()), CONFLICT_COUNT_CAP
+    )
+    return counts, capped
+
+
+# --- one operation -----------------------------------------------------------------------
+
+
+@dataclass
+class OperationDetail:
+    operation: Operation
+    events: list[OperationEvent]
+    evidence: list[Evidence]
+    duplicates: list[Operation]
+    resolutions: list[str]
+
+
+DUPLICATES_SHOWN = 50
+
+
+def operation_detail(user, operation_id: str) -> OperationDetail:
+    """Everything the detail page shows; errors.NotFound for another tenant's."""
+    op = fetch_one(
+        with_review_flags(visible_operations(user)).select_related("run", "step"),
+        f"operation {operation_id!r}", operation_id=operation_id,
+    )
+    return OperationDetail(
+        operation=op,
+        events=list(op.events.order_by("version")),
+        evidence=list(op.evidence.order_by("created_at", "id")),
+        duplicates=duplicates_of(op),
+        resolutions=resolutions_for(op, user),
+    )
+
+
+def duplicates_of(op: Operation, *, limit: int = DUPLICATES_SHOWN) -> list[Operation]:
+    """Other operations with the same (tenant, operation, intent_fingerprint), oldest first."""
+    return list(
+        Operation.objects.filter(
+            tenant=op.tenant, operation=op.operation, intent_fingerprint=op.intent_fingerprint
+        )
+        .exclude(pk=op.pk)
+        .order_by("created_at", "id")[:limit]
+    )
+
+
+def resolutions_for(op: Operation, user) -> list[str]:
+    """The decisions `user` may take on `op` now, in the order the desk offers them.
+
+    Legal from the operation's state (`states.resolutions_from`), and allowed for the user:
+    `ledger.resolve_operation`, a grant for the tenant, and `ledger.override_retry_policy`
+    for safe_to_retry on a `never` operation. `receipts.resolve` checks the same again.
+    """
+    if not user.has_perm("ledger.resolve_operation") or not access.can_see(user, op.tenant):
+        return []
+    allowed = states.resolutions_from(op.state)
+    if op.retry_policy == RetryPolicy.NEVER and not user.has_perm(
+        "ledger.override_retry_policy"
+    ):
+        allowed = [s for s in allowed if s != State.SAFE_TO_RETRY]
+    return allowed
+
+

@@ -1,0 +1,444 @@
+"""Every change of an operation is written here, and nowhere else.
+
+One change reads top to bottom in `_apply`:
+
+1. validate: a saved operation, a known state, a move `ledger.states.TRANSITIONS` allows;
+2. check the fence: a write that carries a fencing token is checked against its lease (the
+   run's `run:<run_id>`, or the reconciler's `reconcile:<operation_id>`) in the same
+   transaction;
+3. build the event: who, why, the evidence (secrets masked), the token, the time;
+4. run `CHANGE_OPERATION`, one SQL statement whose CTEs are the row's compare-and-set on
+   (state, version), the duplicate mark of a move to succeeded, the next link of the
+   tenant's hash chain, and the event that carries the link. They cannot come apart: a
+   change that matches no row (someone else moved first) writes no event and leaves the
+   chain alone, and `_apply` raises StaleVersion naming who moved it.
+
+A new receipt is written the same way, by `record` with `INSERT_OPERATION`.
+
+Each caller has its own function, which names the actor; nothing here changes an
+operation for an arbitrary actor:
+
+    record(op, actor=)                            receipts.record_intent
+    by_agent(op, to_state, actor=, ...)           receipts.mark_*: never a human decision
+    by_person(op, to_state, user=, ...)           receipts.resolve, after its permission checks
+    by_reconciler(op, to_state, worker=, ...)     reconcile: a claim and a verdict
+    by_sweep(op, reason=, evidence=)              reconcile.sweep_stale_submissions
+
+`by_agent` and `by_person` are their own transaction, durable (a receipt is committed
+before the external call, not when a caller's block ends), and `record` runs in the one
+`single_statement()` of `record_intent`; `by_reconciler` and `by_sweep` run inside the
+caller's transaction, which also stores evidence or releases a lease. PostgreSQL checks
+every change again (`ledger.models.operations`: the transition trigger generated from
+`ledger.states`, and the event each change must carry).
+
+These statements run on every receipt, so they are bound on the server and prepared
+(`ledger.prepared`): PostgreSQL plans each shape once per connection.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ledger import chain, leases, states
+from ledger.canonical import check_json, redact, scrub_text
+from ledger.errors import IllegalTransition, InvalidInput, StaleVersion
+from ledger.models import Operation, OperationEvent
+from ledger.prepared import prepared_cursor
+from ledger.states import ActorKind, State
+
+# --- who changes what ----------------------------------------------------------------------
+
+
+def record(op: Operation, *, actor: str = "") -> bool:
+    """INSERT the new receipt `op` (unsaved, planned) with its first event.
+
+    Unless its (tenant, operation, idempotency_key) exists: then nothing is written (no
+    IntegrityError either: a concurrent recorder of the same key loses quietly) and it
+    returns False. True: written, and `op` carries its primary key.
+    """
+    event = _event(op, from_state="", to_state=State.PLANNED, version=1,
+                   actor_kind=ActorKind.AGENT, actor_id=actor, reason="intent recorded",
+                   now=op.created_at)
+    values = _db_values({field.attname: getattr(op, field.attname) for field in _INSERTED})
+    with prepared_cursor() as cursor:
+        cursor.execute(INSERT_OPERATION, {**values, **event})
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    op.pk = row[0]
+    op._state.adding = False
+    return True
+
+
+def by_agent(
+    op: Operation,
+    to_state: str,
+    *,
+    actor: str | None = "",
+    reason: str,
+    changes: Mapping[str, Any] | None = None,
+    evidence: Any = None,
+    fencing_token: int | None = None,
+    expected_version: int | None = None,
+) -> Operation:
+    """An agent reports its own call (`receipts.mark_*`); a human decision is refused.
+
+    `expected_version` (default `op.version`) is the version the agent acted on.
+    """
+    _refuse_human_decision(op, to_state, found="an agent trying to")
+    # A fenced write checks the lease in the same transaction as the change: two statements.
+    fenced = fencing_token is not None
+    with transaction.atomic(durable=True) if fenced else single_statement():
+        return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "",
+                      reason=reason, changes=changes, evidence=evidence,
+                      fencing_token=fencing_token, expected_version=expected_version)
+
+
+def by_person(
+    op: Operation,
+    to_state: str,
+    *,
+    user,
+    reason: str,
+    expected_version: int | None = None,
+    changes: Mapping[str, Any] | None = None,
+) -> Operation:
+    """A person's decision (`receipts.resolve`, which checks permissions and input first).
+
+    Only the moves `states.HUMAN_DECISIONS` lists; the event names the deciding user.
+    """
+    if not states.is_human_only(op.state, to_state):
+        raise IllegalTransition(
+            f"expected a decision on operation {op.operation_id} among "
+            f"{states.resolutions_from(op.state) or ['none']} from {op.state}, found "
+            f"{op.state} -> {to_state}",
+            from_state=op.state,
+            to_state=to_state,
+        )
+    with transaction.atomic(durable=True):
+        return _apply(op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
+                      reason=reason, expected_version=expected_version, changes=changes)
+
+
+def by_reconciler(
+    op: Operation,
+    to_state: str,
+    *,
+    worker: str,
+    token: int,
+    resource: str,
+    reason: str,
+    expected_version: int | None = None,
+    changes: Mapping[str, Any] | None = None,
+    evidence: Any = None,
+) -> Operation:
+    """A reconciler's claim or verdict, fenced by its lease `resource` (in the caller's
+    transaction); a human decision is refused."""
+    _refuse_human_decision(op, to_state, found=f"reconciler {worker} trying to")
+    return _apply(op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=worker,
+                  reason=reason, fencing_token=token, fencing_resource=resource,
+                  expected_version=expected_version, changes=changes, evidence=evidence)
+
+
+def by_sweep(op: Operation, *, reason: str, evidence: Any) -> Operation:
+    """submitted -> outcome_unknown for a sender that is gone (in the caller's transaction)."""
+    return _apply(op, State.OUTCOME_UNKNOWN, actor_kind=ActorKind.SYSTEM,
+                  actor_id="sweep_stale_submissions", reason=reason, evidence=evidence,
+                  changes={"error_code": "SenderGone", "error_detail": reason})
+
+
+def single_statement() -> AbstractContextManager:
+    """The transaction of an agent's write that is a single SQL statement.
+
+    Every change here is one statement (the row, its event and its chain link), and in
+    autocommit mode PostgreSQL runs a statement as its own transaction, deferred event
+    check included; so no BEGIN and COMMIT round trips around it. Inside a caller's
+    transaction it is `atomic(durable=True)`, which refuses to nest: a receipt must be
+    committed before the external call, not when the caller's block ends.
+    """
+    if connection.get_autocommit() and not connection.in_atomic_block:
+        return nullcontext()
+    return transaction.atomic(durable=True)
+
+
+def stale_version_error(op: Operation, state: str, version: int) -> StaleVersion:
+    """The StaleVersion for a change of `op` decided at (state, version): who changed the
+    row since, when, and to what."""
+    current = Operation.objects.filter(pk=op.pk).first()
+    if current is None:
+        return StaleVersion(
+            f"expected operation {op.operation_id} at version {version} ({state}), found it gone"
+        )
+    last = OperationEvent.objects.filter(operation=current).order_by("-version").first()
+    who = ""
+    if last is not None:
+        who = (
+            f", last changed by {last.actor_kind} {last.actor_id or '(unnamed)'} at "
+            f"{last.created_at.isoformat()}"
+            + (f": {last.reason}" if last.reason else "")
+        )
+    return StaleVersion(
+        f"expected operation {op.operation_id} at version {version} ({state}), found version "
+        f"{current.version} ({current.state}){who}",
+        current=current,
+        last_event=last,
+    )
+
+
+def _refuse_human_decision(op: Operation, to_state: str, *, found: str) -> None:
+    if states.is_human_only(op.state, to_state):
+        raise IllegalTransition(
+            f"expected a person to move operation {op.operation_id} from {op.state} to "
+            f"{to_state} (receipts.resolve), found {found}",
+            from_state=op.state,
+            to_state=to_state,
+        )
+
+
+# --- one change ----------------------------------------------------------------------------
+
+
+def _apply(
+    op: Operation,
+    to_state: str,
+    *,
+    actor_kind: str,
+    actor_id: str = "",
+    reason: str = "",
+    evidence: Any = None,
+    fencing_token: int | None = None,
+    expected_version: int | None = None,
+    changes: Mapping[str, Any] | None = None,
+    fencing_resource: str | None = None,
+) -> Operation:
+    """Move `op` to `to_state` inside the caller's transaction; updates `op` in place.
+
+    Behind the functions above, which decide who may make the move. Compare-and-set on
+    (state, version): raises IllegalTransition when the table forbids the move,
+    StaleVersion when someone else changed the row first, StaleFencingToken when
+    `fencing_token` is not the current token of the run's lease (or, when
+    `fencing_resource` is given, of that lease). The token is recorded on the event.
+    """
+    # 1. Validate.
+    if not isinstance(op, Operation) or op.pk is None:
+        raise InvalidInput(f"expected a saved Operation, found {op!r}")
+    if to_state not in State.values:
+        raise InvalidInput(f"expected a state among {State.values}, found {to_state!r}")
+    from_state = op.state
+    version = op.version if expected_version is None else expected_version
+    if not states.is_legal(from_state, to_state):
+        raise IllegalTransition(
+            f"illegal transition of operation {op.operation_id}: expected {from_state} -> one "
+            f"of {states.targets(from_state) or ['none (terminal)']}, found {from_state} -> "
+            f"{to_state}",
+            from_state=from_state,
+            to_state=to_state,
+        )
+
+    # 2. Check the fence.
+    if fencing_token is not None and fencing_resource is not None:
+        leases.check(fencing_resource, fencing_token)
+    elif fencing_token is not None:
+        if op.run_id is None:
+            raise InvalidInput(
+                f"expected operation {op.operation_id} to belong to a run when a fencing_token "
+                "is given, found run=None"
+            )
+        leases.check_run(op.run_id, fencing_token)
+
+    # 3. Build the event, and the row's new values.
+    now = timezone.now()
+    event = _event(op, from_state=from_state, to_state=to_state, version=version + 1,
+                   actor_kind=actor_kind, actor_id=actor_id, reason=reason, evidence=evidence,
+                   fencing_token=fencing_token, now=now)
+    fields: dict[str, Any] = dict(changes or {})
+    fields.update(state=to_state, version=version + 1, state_changed_at=now)
+    if to_state in states.TERMINAL:
+        fields["completed_at"] = now
+    if to_state == State.SUBMITTED:
+        fields.setdefault("submitted_at", now)
+    if to_state == State.OUTCOME_UNKNOWN and from_state == State.SUBMITTED:
+        fields["unknown_since"] = now
+
+    # 4. One statement: the row, the duplicate mark, the chain link, the event.
+    also_set = {name: value for name, value in fields.items() if name not in _ALWAYS_SET}
+    params = {
+        "id": op.pk, "from_version": version, "conflict": fields.get("conflict"),
+        **{f"new_{name}": value for name, value in _db_values(also_set).items()},
+        **event,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(_change_operation(tuple(also_set)), params)
+        row = cursor.fetchone()
+    if row is None:
+        raise stale_version_error(op, from_state, version)
+    fields["conflict"] = row[1]
+    for name, value in fields.items():
+        setattr(op, name, value)
+    return op
+
+
+def _event(
+    op: Operation,
+    *,
+    from_state: str,
+    to_state: str,
+    version: int,
+    actor_kind: str,
+    actor_id: str = "",
+    reason: str = "",
+    evidence: Any = None,
+    fencing_token: int | None = None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The event's parameters of the statements below, with the body its chain link covers.
+
+    Evidence and reasons are agent- or person-written: secrets are masked before storage.
+    """
+    if evidence is not None:
+        check_json(evidence, what="evidence")
+        evidence = chain.normalize(redact(evidence))
+    actor_id = (actor_id or "")[:200]
+    reason = scrub_text(reason or "")
+    payload = chain.operation_event_payload(SimpleNamespace(
+        tenant=op.tenant, operation_ref=op.operation_id, version=version,
+        from_state=from_state, to_state=to_state, actor_kind=actor_kind, actor_id=actor_id,
+        reason=reason, evidence=evidence, fencing_token=fencing_token, created_at=now,
+    ))
+    return {
+        "from_state": from_state, "to_state": to_state, "to_version": version,
+        "actor_kind": actor_kind, "actor_id": actor_id, "reason": reason,
+        "evidence": _EVIDENCE.get_db_prep_save(evidence, connection),
+        "fencing_token": fencing_token, "now": now,
+        "link_body": chain.link_body(payload),
+    }
+
+
+def _db_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` (by attname of Operation) as the database takes them: JSON adapted."""
+    return {name: _FIELD_BY_ATTNAME[name].get_db_prep_save(value, connection)
+            for name, value in values.items()}
+
+
+_FIELD_BY_ATTNAME = {field.attname: field for field in Operation._meta.concrete_fields}
+_INSERTED = [field for field in Operation._meta.concrete_fields if not field.primary_key]
+_EVIDENCE = OperationEvent._meta.get_field("evidence")
+# Set by every change, in the statement's text; `conflict` has its own clause.
+_ALWAYS_SET = frozenset({"state", "version", "state_changed_at", "conflict"})
+
+
+# --- the statements --------------------------------------------------------------------------
+
+
+def _compact(sql: str) -> str:
+    """`sql` on one line, as it is sent and prepared (its literals hold no runs of spaces)."""
+    return " ".join(sql.split()).replace("( ", "(").replace(" )", ")")
+
+
+_LINK_FIRST = chain.hash_sql("%(link_body)s", f"'{chain.GENESIS}'", "1")
+_LINK_NEXT = chain.hash_sql("%(link_body)s", "head.hash", "head.seq + 1")
+
+# One change of an operation, as one statement, so that its parts cannot come apart:
+#   changed     the compare-and-set of the row on (state, version): no row when someone
+#               else changed it first, and then nothing below writes anything;
+#   duplicates  on a move to succeeded, the other succeeded operations of the same tenant,
+#               operation and fingerprint are marked duplicate (the row itself in `changed`);
+#               any other move skips it before reading a row (a one-time filter on the
+#               parameter, whatever plan PostgreSQL picks);
+#   linked      the next link of the tenant's chain of operation events (ledger.chain): the
+#               head row stays locked to the commit, so one tenant's writers take turns;
+#   event       the OperationEvent, carrying its link.
+# `{also_set}` stands for the other columns the change sets (`_change_operation`).
+CHANGE_OPERATION = _compact(f"""
+WITH changed AS (
+    UPDATE ledger_operation
+       SET state = %(to_state)s, version = %(to_version)s, state_changed_at = %(now)s,
+           conflict = CASE
+               WHEN %(to_state)s::varchar = '{State.SUCCEEDED}' AND EXISTS (
+                   SELECT 1 FROM ledger_operation twin
+                    WHERE twin.tenant = ledger_operation.tenant
+                      AND twin.operation = ledger_operation.operation
+                      AND twin.intent_fingerprint = ledger_operation.intent_fingerprint
+                      AND twin.state = '{State.SUCCEEDED}' AND twin.id <> ledger_operation.id)
+               THEN 'duplicate'
+               ELSE COALESCE(%(conflict)s, ledger_operation.conflict)
+           END {{also_set}}
+     WHERE id = %(id)s AND state = %(from_state)s AND version = %(from_version)s
+    RETURNING id, tenant, operation, intent_fingerprint, conflict
+),
+duplicates AS (
+    UPDATE ledger_operation twin SET conflict = 'duplicate'
+      FROM changed
+     WHERE %(to_state)s::varchar = '{State.SUCCEEDED}'
+       AND twin.tenant = changed.tenant AND twin.operation = changed.operation
+       AND twin.intent_fingerprint = changed.intent_fingerprint
+       AND twin.state = '{State.SUCCEEDED}' AND twin.id <> changed.id
+       AND twin.conflict <> 'duplicate'
+),
+linked AS (
+    INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
+    SELECT '{chain.OPERATION_EVENTS.name}', changed.tenant, 1, {_LINK_FIRST} FROM changed
+    ON CONFLICT (chain, tenant) DO UPDATE SET seq = head.seq + 1, hash = {_LINK_NEXT}
+    RETURNING seq, hash
+),
+event AS (
+    INSERT INTO ledger_operationevent
+           (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
+            actor_kind, actor_id, reason, evidence, fencing_token, created_at)
+    SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
+           %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
+           %(evidence)s, %(fencing_token)s, %(now)s
+      FROM changed, linked
+    RETURNING operation_id
+)
+SELECT changed.id, changed.conflict FROM changed JOIN event ON event.operation_id = changed.id
+""")
+
+
+@functools.cache
+def _change_operation(also_set: tuple[str, ...]) -> str:
+    """CHANGE_OPERATION setting the columns `also_set` too (one text, hence one prepared
+    statement, per set of columns)."""
+    assignments = "".join(
+        f", {connection.ops.quote_name(_FIELD_BY_ATTNAME[name].column)} = %(new_{name})s"
+        for name in also_set
+    )
+    return CHANGE_OPERATION.replace(" {also_set}", assignments)
+
+
+# A new receipt with its first event, unless its (tenant, operation, idempotency_key) is
+# taken: then `changed` is empty and nothing is written. `linked` and `event` as above.
+INSERT_OPERATION = _compact(f"""
+WITH changed AS (
+    INSERT INTO ledger_operation
+           ({", ".join(connection.ops.quote_name(field.column) for field in _INSERTED)})
+    VALUES ({", ".join(f"%({field.attname})s" for field in _INSERTED)})
+    ON CONFLICT (tenant, operation, idempotency_key) WHERE idempotency_key > '' DO NOTHING
+    RETURNING id, tenant
+),
+linked AS (
+    INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
+    SELECT '{chain.OPERATION_EVENTS.name}', changed.tenant, 1, {_LINK_FIRST} FROM changed
+    ON CONFLICT (chain, tenant) DO UPDATE SET seq = head.seq + 1, hash = {_LINK_NEXT}
+    RETURNING seq, hash
+),
+event AS (
+    INSERT INTO ledger_operationevent
+           (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
+            actor_kind, actor_id, reason, evidence, fencing_token, created_at)
+    SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
+           %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
+           %(evidence)s, %(fencing_token)s, %(now)s
+      FROM changed, linked
+    RETURNING operation_id
+)
+SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+""")

@@ -1,0 +1,55 @@
+"""ledger/conf.py: every LEDGER_* setting has a default, is read lazily, and is checked."""
+
+import pytest
+
+from ledger import conf, receipts
+from ledger.conf import check_settings
+from ledger.errors import InvalidInput
+
+
+def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
+    for name in conf.SETTINGS:
+        if hasattr(settings, f"LEDGER_{name}"):
+            delattr(settings, f"LEDGER_{name}")
+    assert {name: getattr(conf, name) for name in conf.SETTINGS} == {
+        "MAX_INTENT_BYTES": 256 * 1024,
+        "RECONCILE_MAX_FAILURES": 3,
+        "STALE_SUBMISSION_SECONDS": 600,
+        "RECONCILER_MODULES": (),
+    }
+    assert check_settings() == []
+
+
+def test_every_setting_says_what_it_does():
+    assert all(setting.doc.strip() for setting in conf.SETTINGS.values())
+
+
+@pytest.mark.django_db
+def test_an_overridden_setting_takes_effect_at_the_next_call(settings):
+    intent = {"body": "x" * 200}
+    receipts.record_intent("mail.send", "smtp://mail.example", intent)
+    settings.LEDGER_MAX_INTENT_BYTES = 100
+    with pytest.raises(InvalidInput, match="at most 100 bytes"):
+        receipts.record_intent("mail.send", "smtp://mail.example", intent)
+
+
+def test_an_unknown_setting_name_says_which_exist():
+    with pytest.raises(AttributeError, match="expected one of the ledger settings "
+                                             "MAX_INTENT_BYTES, .*found 'MAX_INTENT'"):
+        conf.MAX_INTENT  # noqa: B018
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("MAX_INTENT_BYTES", "256k"),
+    ("MAX_INTENT_BYTES", 0),
+    ("RECONCILE_MAX_FAILURES", True),
+    ("STALE_SUBMISSION_SECONDS", -1),
+    ("RECONCILER_MODULES", "demo.simulated.articles"),
+    ("RECONCILER_MODULES", ["demo.simulated.articles", ""]),
+])
+def test_a_malformed_setting_is_refused_by_the_system_check(settings, name, value):
+    setattr(settings, f"LEDGER_{name}", value)
+    [error] = check_settings()
+    assert error.id == "ledger.E001"
+    kind = conf.SETTINGS[name].kind
+    assert error.msg == f"expected LEDGER_{name} to be a {kind}, found {value!r}"
