@@ -14,7 +14,7 @@ How a call finds its key:
   crash and the retried call would send a second time.
 
 Async: the twins run each ledger write in a worker thread (`sync_to_async`,
-`thread_sensitive=False`), one whole write (its durable transaction included) per thread
+`thread_sensitive=True`), one whole write (its durable transaction included) per thread
 hop, so the event loop never waits on PostgreSQL; each worker thread holds its own
 connection, bounded by the executor's size.
 """
@@ -188,10 +188,10 @@ def action(
                                               fencing_token=token)
 
         if inspect.iscoroutinefunction(fn):
-            aprepare = sync_to_async(prepare, thread_sensitive=False)
-            astart = sync_to_async(start, thread_sensitive=False)
-            afinish = sync_to_async(finish, thread_sensitive=False)
-            afailed = sync_to_async(failed, thread_sensitive=False)
+            aprepare = sync_to_async(prepare, thread_sensitive=True)
+            astart = sync_to_async(start, thread_sensitive=True)
+            afinish = sync_to_async(finish, thread_sensitive=True)
+            afailed = sync_to_async(failed, thread_sensitive=True)
 
             @functools.wraps(fn)
             async def async_wrapper(*args, **kwargs):
@@ -318,11 +318,11 @@ def retries_due(*, tenant: str = "default", operation: str | None = None):
 
 # One whole receipts call per thread hop: its durable transaction opens and commits in the
 # worker thread that owns the connection, never across an await.
-arecord_intent = sync_to_async(receipts.record_intent, thread_sensitive=False)
-amark_submitted = sync_to_async(receipts.mark_submitted, thread_sensitive=False)
-amark_succeeded = sync_to_async(receipts.mark_succeeded, thread_sensitive=False)
-amark_rejected = sync_to_async(receipts.mark_rejected, thread_sensitive=False)
-amark_outcome_unknown = sync_to_async(receipts.mark_outcome_unknown, thread_sensitive=False)
+arecord_intent = sync_to_async(receipts.record_intent, thread_sensitive=True)
+amark_submitted = sync_to_async(receipts.mark_submitted, thread_sensitive=True)
+amark_succeeded = sync_to_async(receipts.mark_succeeded, thread_sensitive=True)
+amark_rejected = sync_to_async(receipts.mark_rejected, thread_sensitive=True)
+amark_outcome_unknown = sync_to_async(receipts.mark_outcome_unknown, thread_sensitive=True)
 
 
 class AsyncAttempt:
@@ -346,7 +346,7 @@ async def asubmit(op: Operation, rejections: tuple[type[BaseException], ...] = (
     """`receipts.submit` for coroutines: marks `op` submitted, runs the block, records how
     it ended (normal exit: succeeded; `rejections`: rejected; anything else:
     outcome_unknown; exceptions re-raised)."""
-    await sync_to_async(_submitted, thread_sensitive=False)(op, fencing_token, in_flight_for)
+    await sync_to_async(_submitted, thread_sensitive=True)(op, fencing_token, in_flight_for)
     attempt = AsyncAttempt(op, fencing_token)
     try:
         yield attempt

@@ -6,9 +6,11 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.management import call_command
+from django.db import connections
 
-from ledger import reconcile, receipts, runs
+from ledger import receipts, reconcile, runs
 from ledger.errors import InvalidInput, OutcomeUnknown, Rejected, UnstorableResult
 from ledger.models import Operation
 from ledger.states import State
@@ -54,7 +56,17 @@ def make_actions(sent):
 
 def call(fn, *args):
     result = fn(*args)
-    return asyncio.run(result) if asyncio.iscoroutine(result) else result
+    if not asyncio.iscoroutine(result):
+        return result
+
+    async def run_and_close():
+        try:
+            return await result
+        finally:
+            # The ledger's worker thread keeps its connection; close it for the test database.
+            await sync_to_async(connections.close_all)()
+
+    return asyncio.run(run_and_close())
 
 
 @pytest.fixture(params=["sync", "async"])
