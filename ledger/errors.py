@@ -84,3 +84,32 @@ class PermissionDenied(LedgerError):
 class NotFound(LedgerError, LookupError):
     """No such object among the tenants the caller may see (an invisible object is
     reported exactly like a missing one: the desk and the API answer 404)."""
+
+
+class OutcomeUnknown(LedgerError):
+    """An action's earlier call was sent, but its effect is not proven yet (the operation
+    waits for the reconciler or a person); `.operation` is the receipt. Do not send again."""
+
+    def __init__(self, message: str, *, operation=None):
+        super().__init__(message)
+        self.operation = operation
+
+
+class Rejected(LedgerError):
+    """The external system refused this action's key before; `.operation.error_code` is the
+    recorded code. Sending the same intent again would be refused again."""
+
+    def __init__(self, message: str, *, operation=None):
+        super().__init__(message)
+        self.operation = operation
+
+
+class UnstorableResult(LedgerError):
+    """The action succeeded (recorded as such) but its return value could not be stored as
+    the operation's result (not JSON, or too large); `.value` is the value itself, so
+    nothing is lost (None on a later call: it was never stored)."""
+
+    def __init__(self, message: str, *, operation=None, value=None):
+        super().__init__(message)
+        self.operation = operation
+        self.value = value

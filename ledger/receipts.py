@@ -346,3 +346,17 @@ def resolve(
         op, to_state, user=user, reason=reason, expected_version=expected_version,
         changes=changes,
     )
+
+
+# --- the integration kit (ledger.actions), read here as receipts.<name> ----------------------
+
+_KIT = frozenset({"action", "step_scope", "retries_due", "arecord_intent", "amark_submitted",
+                  "amark_succeeded", "amark_rejected", "amark_outcome_unknown", "asubmit"})
+
+
+def __getattr__(name: str):
+    # Lazy: ledger.actions builds on this module, so it cannot be imported at its top.
+    if name in _KIT:
+        from ledger import actions
+        return getattr(actions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

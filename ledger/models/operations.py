@@ -116,6 +116,10 @@ class Operation(models.Model):
     conflict = models.CharField(max_length=20, choices=Conflict.choices, blank=True)
     # Set when retention replaced the intent (ledger.retention); fingerprint and ids remain.
     redacted_at = models.DateTimeField(null=True, blank=True)
+    # What a `receipts.action` returned (redacted JSON); when it could not be stored (not
+    # JSON, too large), `result_unstorable` says why and `result` stays null.
+    result = models.JSONField(null=True, blank=True)
+    result_unstorable = models.CharField(max_length=300, blank=True)
 
     objects = OperationQuerySet.as_manager()
 

@@ -1,0 +1,367 @@
+"""The agent integration kit: `@receipts.action`, the async twins, `retries_due`.
+
+`action` wraps a function that has an external side effect so that each logical call sends
+at most once per idempotency key: it records the intent (the call's bound arguments),
+sends only from planned or safe_to_retry, stores the return value as `Operation.result` and
+returns it. Every write goes through `ledger.receipts` / `ledger.transitions`.
+
+How a call finds its key:
+- inside `with receipts.step_scope(run, step_id):` (or `async with`), the key derives from
+  the run and step (`receipts.idempotency_key`); several calls of one operation in one step
+  are told apart by their order in the scope (call 1, 2, ...);
+- otherwise from `key(*args, **kwargs)`;
+- neither: InvalidInput before anything is recorded. A generated key would differ after a
+  crash and the retried call would send a second time.
+
+Async: the twins run each ledger write in Django's thread-sensitive worker thread
+(`sync_to_async(thread_sensitive=True)`, as Django's own async ORM methods do): one whole
+write, its durable transaction included, per hop, so the event loop never waits on
+PostgreSQL and no transaction spans an await. All writes of a process share that thread's
+one connection (a thread pool opens one connection per thread and, measured with 50
+agents, stalled the loop longer through GIL contention).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ledger import conf, receipts, runs, transitions
+from ledger.canonical import canonical_json, check_json, redact, scrub_text
+from ledger.errors import (
+    InvalidInput,
+    OutcomeUnknown,
+    Rejected,
+    StaleVersion,
+    UnstorableResult,
+)
+from ledger.models import Operation, Run
+from ledger.states import RetryPolicy, State
+
+# --- where a call runs ---------------------------------------------------------------------
+
+
+@dataclass
+class _Scope:
+    run: Run
+    step_id: str
+    fencing_token: int | None
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+_scope: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("ledger_step_scope",
+                                                                       default=None)
+
+
+@contextmanager
+def step_scope(run: Run | str, step_id: str, *, fencing_token: int | None = None):
+    """Decorated actions called inside the block belong to `run`/`step_id` and take their
+    idempotency key from them. A contextvar: each asyncio task sees its own scope."""
+    run_obj = runs.as_run(run) if not isinstance(run, Run) else run
+    token = _scope.set(_Scope(run_obj, step_id, fencing_token))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def _key_for(operation: str, key: Callable | None, args, kwargs) -> tuple[str, _Scope | None]:
+    scope = _scope.get()
+    if scope is not None:
+        n = scope.calls.get(operation, 0) + 1
+        scope.calls[operation] = n
+        if n > 1 and "call" in inspect.signature(receipts.idempotency_key).parameters:
+            return receipts.idempotency_key(scope.run.run_id, scope.step_id,
+                                            call=f"{operation}#{n}"), scope
+        if n > 1:
+            raise InvalidInput(
+                f"expected one call of {operation} per step (its key derives from the run "
+                f"and step), found call {n} in step {scope.step_id}; give the action a key="
+            )
+        return receipts.idempotency_key(scope.run.run_id, scope.step_id), scope
+    if key is None:
+        raise InvalidInput(
+            f"expected a key for action {operation}: call it inside receipts.step_scope(run, "
+            "step_id) or give @receipts.action a key= function, found neither (a generated "
+            "key would send again after a crash)"
+        )
+    value = key(*args, **kwargs)
+    if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
+        raise InvalidInput(f"expected key= of {operation} to return a non-empty string, "
+                           f"found {value!r}")
+    return str(value), None
+
+
+# --- the decorator ---------------------------------------------------------------------------
+
+
+def action(
+    operation: str,
+    *,
+    target: str,
+    key: Callable[..., str] | None = None,
+    rejections: tuple[type[BaseException], ...] = (),
+    external_id: Callable[[Any], Any] | None = None,
+    tenant: str = "default",
+    retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
+    redact: Iterable[str] = (),
+    fingerprint_fields: Iterable[str] | None = None,
+    in_flight_for=None,
+):
+    """Make a function's external side effect happen at most once per idempotency key.
+
+    Per call: record the intent (bound arguments, defaults applied; InvalidInput if they
+    are not JSON); then by the operation's state:
+    planned / safe_to_retry -> mark submitted (attempt + 1 on a retry), call, record the
+    outcome: return value -> succeeded with `result`; an exception in `rejections` ->
+    rejected; any other exception -> outcome_unknown; both re-raised.
+    succeeded -> the stored result, without calling (UnstorableResult if it was not stored);
+    submitted / outcome_unknown / reconciling / manual_review -> OutcomeUnknown, not called;
+    rejected -> Rejected; abandoned -> Rejected too (a person decided it must not happen).
+    A return value that is not JSON (or too large) is not stored: the operation is still
+    succeeded, `result_unstorable` says why, and UnstorableResult carries the value.
+    The ledger never retries: a safe_to_retry operation is sent again when the agent calls
+    again (see `retries_due`).
+    """
+    redact_paths = tuple(redact)
+    fields = None if fingerprint_fields is None else tuple(fingerprint_fields)
+
+    def decorate(fn):
+        signature = inspect.signature(fn)
+
+        def prepare(args, kwargs) -> Operation:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            intent = dict(bound.arguments)
+            for name, param in signature.parameters.items():
+                if param.kind is inspect.Parameter.VAR_KEYWORD:
+                    intent.update(intent.pop(name))
+            check_json(intent, what="intent")
+            idem, scope = _key_for(operation, key, args, kwargs)
+            op = receipts.record_intent(
+                operation, target, intent, tenant=tenant,
+                run=scope.run if scope else None, step=scope.step_id if scope else None,
+                idempotency_key=idem, fingerprint_fields=fields, redact=redact_paths,
+                retry_policy=retry_policy,
+            )
+            op._ledger_fencing_token = scope.fencing_token if scope else None
+            return op
+
+        def start(op: Operation) -> tuple[bool, Any]:
+            """(True, None) when the caller should send now, else (False, stored result)."""
+            if op.state in (State.PLANNED, State.SAFE_TO_RETRY):
+                try:
+                    _submitted(op, op._ledger_fencing_token, in_flight_for)
+                except StaleVersion:
+                    # Another caller of the same key moved it first: decide on its state.
+                    op.refresh_from_db()
+                    return False, _settled(op)
+                return True, None
+            return False, _settled(op)
+
+        def finish(op: Operation, value: Any) -> Any:
+            ext = _external_id(external_id, value)
+            stored, why = _storable(value)
+            _succeeded(op, ext, stored, why, op._ledger_fencing_token)
+            if why:
+                raise UnstorableResult(
+                    f"expected the return value of {operation} to be storable JSON, found "
+                    f"{why}; operation {op.operation_id} is recorded as succeeded without "
+                    "its result; the value is on this error's .value",
+                    operation=op, value=value,
+                )
+            return value
+
+        def failed(op: Operation, exc: BaseException) -> None:
+            code = type(exc).__name__
+            detail = scrub_text(str(exc))[:4000]
+            token = op._ledger_fencing_token
+            if rejections and isinstance(exc, rejections):
+                receipts.mark_rejected(op, error_code=code, detail=detail, fencing_token=token)
+            else:
+                receipts.mark_outcome_unknown(op, error_code=code, detail=detail,
+                                              fencing_token=token)
+
+        if inspect.iscoroutinefunction(fn):
+            aprepare = sync_to_async(prepare, thread_sensitive=True)
+            astart = sync_to_async(start, thread_sensitive=True)
+            afinish = sync_to_async(finish, thread_sensitive=True)
+            afailed = sync_to_async(failed, thread_sensitive=True)
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args, **kwargs):
+                op = await aprepare(args, kwargs)
+                send, stored = await astart(op)
+                if not send:
+                    return stored
+                try:
+                    value = await fn(*args, **kwargs)
+                except BaseException as exc:
+                    await afailed(op, exc)
+                    raise
+                return await afinish(op, value)
+
+            async_wrapper.operation_name = operation
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            op = prepare(args, kwargs)
+            send, stored = start(op)
+            if not send:
+                return stored
+            try:
+                value = fn(*args, **kwargs)
+            except BaseException as exc:
+                failed(op, exc)
+                raise
+            return finish(op, value)
+
+        wrapper.operation_name = operation
+        return wrapper
+
+    return decorate
+
+
+def _settled(op: Operation) -> Any:
+    """What a call of a key that is not to be sent gets: the stored result or an error."""
+    if op.state == State.SUCCEEDED:
+        if op.result_unstorable:
+            raise UnstorableResult(
+                f"expected a stored result of operation {op.operation_id} ({op.operation}), "
+                f"found none: {op.result_unstorable}; it succeeded (external id "
+                f"{op.external_id or 'none'}) and is not sent again",
+                operation=op,
+            )
+        return op.result
+    if op.state in (State.REJECTED, State.ABANDONED):
+        raise Rejected(
+            f"expected operation {op.operation_id} ({op.operation}, key "
+            f"{op.idempotency_key}) to be sendable, found it {op.state}"
+            + (f" with code {op.error_code}" if op.error_code else "")
+            + "; it is not sent again",
+            operation=op,
+        )
+    raise OutcomeUnknown(
+        f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
+        f"planned, safe_to_retry or succeeded, found {op.state}: an earlier attempt was sent "
+        "and its effect is not proven; it is not sent again until reconciliation or a "
+        "person decides",
+        operation=op,
+    )
+
+
+def _submitted(op: Operation, fencing_token, in_flight_for) -> Operation:
+    kwargs: dict[str, Any] = {"fencing_token": fencing_token}
+    if in_flight_for is not None and "in_flight_for" in inspect.signature(
+            receipts.mark_submitted).parameters:
+        kwargs["in_flight_for"] = in_flight_for
+    return receipts.mark_submitted(op, **kwargs)
+
+
+def _external_id(extract: Callable | None, value: Any) -> str | None:
+    if extract is None:
+        return None
+    try:
+        found = extract(value)
+    except Exception:  # noqa: BLE001 - the effect happened; the id is a nicety
+        return None
+    return None if found in (None, "") else str(found)[:500]
+
+
+def _storable(value: Any) -> tuple[Any, str]:
+    """(redacted value, "") or (None, why it cannot be stored)."""
+    try:
+        check_json(value, what="result")
+    except InvalidInput as exc:
+        return None, str(exc)[:300]
+    stored = redact(value)
+    size = len(canonical_json(stored).encode("utf-8"))
+    if size > conf.MAX_INTENT_BYTES:
+        return None, (f"a result of {size:,} bytes, above LEDGER_MAX_INTENT_BYTES "
+                      f"({conf.MAX_INTENT_BYTES:,})")
+    return stored, ""
+
+
+def _succeeded(op, external_id, result, unstorable, fencing_token) -> Operation:
+    """receipts.mark_succeeded, also setting the result columns."""
+    changes: dict[str, Any] = {"result": result, "result_unstorable": unstorable}
+    if external_id is not None:
+        changes["external_id"] = scrub_text(external_id)
+    return transitions.by_agent(
+        op, State.SUCCEEDED, fencing_token=fencing_token,
+        reason="the external system confirmed it", changes=changes,
+    )
+
+
+# --- retries ---------------------------------------------------------------------------------
+
+
+def retries_due(*, tenant: str = "default", operation: str | None = None):
+    """The operations waiting in safe_to_retry, oldest first (by when they got there).
+
+    The ledger never sends them itself: call the action again (same arguments, same key) and
+    it is sent as attempt + 1.
+    """
+    qs = Operation.objects.filter(tenant=tenant, state=State.SAFE_TO_RETRY)
+    if operation is not None:
+        qs = qs.filter(operation=operation)
+    return qs.order_by("state_changed_at", "id")
+
+
+# --- async twins -----------------------------------------------------------------------------
+
+# One whole receipts call per thread hop: its durable transaction opens and commits in the
+# worker thread that owns the connection, never across an await.
+arecord_intent = sync_to_async(receipts.record_intent, thread_sensitive=True)
+amark_submitted = sync_to_async(receipts.mark_submitted, thread_sensitive=True)
+amark_succeeded = sync_to_async(receipts.mark_succeeded, thread_sensitive=True)
+amark_rejected = sync_to_async(receipts.mark_rejected, thread_sensitive=True)
+amark_outcome_unknown = sync_to_async(receipts.mark_outcome_unknown, thread_sensitive=True)
+
+
+class AsyncAttempt:
+    """Handed out by `asubmit`: say how the call went."""
+
+    def __init__(self, op: Operation, fencing_token: int | None):
+        self.op = op
+        self._fencing_token = fencing_token
+        self.finished = False
+
+    async def succeeded(self, *, external_id: str | None = None, evidence: Any = None):
+        self.op = await amark_succeeded(self.op, external_id=external_id, evidence=evidence,
+                                        fencing_token=self._fencing_token)
+        self.finished = True
+        return self.op
+
+
+@asynccontextmanager
+async def asubmit(op: Operation, rejections: tuple[type[BaseException], ...] = (), *,
+                  fencing_token: int | None = None, in_flight_for=None):
+    """`receipts.submit` for coroutines: marks `op` submitted, runs the block, records how
+    it ended (normal exit: succeeded; `rejections`: rejected; anything else:
+    outcome_unknown; exceptions re-raised)."""
+    await sync_to_async(_submitted, thread_sensitive=True)(op, fencing_token, in_flight_for)
+    attempt = AsyncAttempt(op, fencing_token)
+    try:
+        yield attempt
+    except BaseException as exc:
+        if not attempt.finished:
+            code = type(exc).__name__
+            detail = scrub_text(str(exc))[:4000]
+            if rejections and isinstance(exc, rejections):
+                await amark_rejected(op, error_code=code, detail=detail,
+                                     fencing_token=fencing_token)
+            else:
+                await amark_outcome_unknown(op, error_code=code, detail=detail,
+                                            fencing_token=fencing_token)
+        raise
+    if not attempt.finished:
+        await attempt.succeeded()
