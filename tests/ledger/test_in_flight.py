@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from ledger import reconcile, receipts
+from ledger import receipts, reconcile
 from ledger.errors import InvalidInput
 from ledger.models import Evidence, Operation, OperationEvent
 from ledger.states import State
@@ -93,7 +93,7 @@ def test_proven_absent_inside_the_window_stays_unknown_with_evidence_and_a_next_
     assert "in flight" in event.reason
     # Not due again before the window has passed: a second pass does not ask.
     assert reconcile.run_once(worker="w2") == 0
-    assert ABSENT == [op.operation_id]
+    assert [op.operation_id] == ABSENT
 
 
 @pytest.mark.django_db
