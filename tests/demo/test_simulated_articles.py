@@ -29,13 +29,14 @@ def service():
 
 
 def send(service, title, *, fault=None, timeout=5.0, retry_policy="if_absent_proven",
-         body="text"):
+         body="text", in_flight_for=None):
     """What an agent does: record, submit, call; returns the operation as it ended."""
     client = ArticlesClient(service.url, timeout=timeout)
     op = receipts.record_intent("articles.create", client.articles_url,
                                 {"title": title, "body": body}, retry_policy=retry_policy)
     try:
-        with receipts.submit(op, rejections=(ArticleRejected,)) as attempt:
+        with receipts.submit(op, rejections=(ArticleRejected,),
+                             in_flight_for=in_flight_for) as attempt:
             answer = client.create(title=title, body=body, idempotency_key=op.idempotency_key,
                                    fault=fault)
             attempt.succeeded(external_id=answer["id"])
@@ -141,8 +142,16 @@ def test_a_slow_answer_is_reconciled_to_succeeded(service):
 
 
 @pytest.mark.django_db
-def test_a_lost_request_is_proven_absent_and_safe_to_retry(service):
+def test_a_lost_request_proven_absent_inside_the_in_flight_window_stays_unknown(service):
     op = send(service, "Lost", fault="lose_request")
+    op, [ev] = reconciled(op)
+    assert (op.state, ev.verdict) == (State.OUTCOME_UNKNOWN, "proven_absent")
+    assert op.next_attempt_at == op.in_flight_until
+
+
+@pytest.mark.django_db
+def test_a_lost_request_is_proven_absent_and_safe_to_retry(service):
+    op = send(service, "Lost", fault="lose_request", in_flight_for=timedelta(0))
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict, ev.matched_by) == (State.SAFE_TO_RETRY, "proven_absent",
                                                      "idempotency_key")
@@ -150,7 +159,8 @@ def test_a_lost_request_is_proven_absent_and_safe_to_retry(service):
 
 @pytest.mark.django_db
 def test_a_lost_request_with_retry_policy_never_goes_to_manual_review(service):
-    op = send(service, "Lost", fault="lose_request", retry_policy="never")
+    op = send(service, "Lost", fault="lose_request", retry_policy="never",
+              in_flight_for=timedelta(0))
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "proven_absent")
 
