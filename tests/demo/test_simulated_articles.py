@@ -4,8 +4,10 @@ import http.client
 import json
 import signal
 from datetime import timedelta
+from unittest import mock
 
 import pytest
+from django.utils import timezone
 
 from demo.simulated.agent import STEPS, publish_articles
 from demo.simulated.articles import (
@@ -14,7 +16,7 @@ from demo.simulated.articles import (
     ArticlesReconciler,
     ArticlesService,
 )
-from ledger import receipts, reconcile
+from ledger import conf, receipts, reconcile
 from ledger.models import Evidence, Operation
 from ledger.states import State
 from tests.support.processes import spawn, wait_for_line
@@ -211,7 +213,7 @@ def test_the_search_leaves_out_articles_already_attributed_to_another_operation(
     done = send(service, "Same content")
     assert done.state == State.SUCCEEDED
     service.key_lookup = False
-    op = send(service, "Same content", fault="lose_request")
+    op = send(service, "Same content", fault="lose_request", in_flight_for=timedelta(0))
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict, ev.matched_by) == (State.SAFE_TO_RETRY, "proven_absent",
                                                      "fingerprint")
@@ -268,12 +270,18 @@ def run_agent(run_id, url, kill_at=None):
 
 
 def run_to_completion(run_id, url):
-    """Restart the agent, reconcile between runs, until every step succeeded."""
+    """Restart the agent, reconcile between runs, until every step succeeded.
+
+    Each reconciliation looks once the in-flight window of the last attempt has passed (its
+    clock moved past it): before that, an absence would prove nothing.
+    """
     for _ in range(4):
         result = run_agent(run_id, url)
         if result == {step: State.SUCCEEDED for step in STEPS}:
             return
-        reconcile.run_once(worker="test")
+        after_window = timezone.now() + timedelta(seconds=conf.IN_FLIGHT_SECONDS + 1)
+        with mock.patch.object(reconcile.timezone, "now", return_value=after_window):
+            reconcile.run_once(worker="test")
     raise AssertionError(f"expected the task to finish after restarts, found {result}")
 
 
