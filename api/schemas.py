@@ -117,6 +117,7 @@ class OperationOut(Schema):
     created_at: str
     state_changed_at: str
     submitted_at: str | None
+    in_flight_until: str | None = None
     completed_at: str | None
 
 

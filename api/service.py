@@ -400,6 +400,7 @@ def operation_dict(op: Operation) -> dict[str, Any]:
         "created_at": _iso(op.created_at),
         "state_changed_at": _iso(op.state_changed_at),
         "submitted_at": _iso(op.submitted_at),
+        "in_flight_until": _iso(op.in_flight_until),
         "completed_at": _iso(op.completed_at),
     }
 

@@ -91,6 +91,10 @@ class _Agent:
 
     def send(self, run: Run, step: str, title: str, *, fault: str | None = None,
              retry_policy: str = "if_absent_proven") -> Operation:
+        # The seed reconciles at once. A lost request never reached the in-process service
+        # (it fails before any byte is sent), so no window is needed to trust its absence;
+        # a real agent keeps the default window.
+        in_flight_for = timedelta(0) if fault == "lose_request" else None
         client = ArticlesClient(self.service.url, timeout=0.3 if fault == "slow" else 5.0)
         body = f"{title.strip() or 'Untitled'}: the full text."
         op = receipts.record_intent(
@@ -100,7 +104,8 @@ class _Agent:
             retry_policy=retry_policy, actor=f"agent:{run.run_id}",
         )
         try:
-            with receipts.submit(op, rejections=(ArticleRejected,)) as attempt:
+            with receipts.submit(op, rejections=(ArticleRejected,),
+                                 in_flight_for=in_flight_for) as attempt:
                 answer = client.create(title=title, body=body,
                                        idempotency_key=op.idempotency_key, fault=fault)
                 attempt.succeeded(external_id=answer["id"])

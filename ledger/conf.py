@@ -39,6 +39,11 @@ SETTINGS: dict[str, Setting] = {
         "Age after which a `submitted` operation whose run holds no live lease is swept to "
         "outcome_unknown.",
     ),
+    "IN_FLIGHT_SECONDS": Setting(
+        60, "positive integer",
+        "Default in-flight window of a submission (`mark_submitted(in_flight_for=)`): a "
+        "reconciler's ProvenAbsent observed before it ends is not taken as proof.",
+    ),
     "RECONCILER_MODULES": Setting(
         (), "list of module names",
         "Modules imported before reconciling, so that their `@reconcile.register` classes "

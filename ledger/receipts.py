@@ -13,6 +13,7 @@ import hashlib
 import secrets
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -26,6 +27,7 @@ from ledger.errors import (
 )
 from ledger.inputs import (
     check_choice,
+    check_duration,
     check_operation_name,
     check_paths,
     check_reason,
@@ -172,17 +174,26 @@ def mark_submitted(
     fencing_token: int | None = None,
     expected_version: int | None = None,
     actor: str | None = None,
+    in_flight_for: timedelta | None = None,
 ) -> Operation:
     """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
 
-    Like every mark below: `expected_version` (default `op.version`) is the version the
-    caller acted on (StaleVersion if the row moved on); `actor` names the agent on the event.
+    `in_flight_for` (default `LEDGER_IN_FLIGHT_SECONDS`) is how long this attempt's request
+    may still be travelling: stored as `in_flight_until`, before which the reconciler takes
+    no ProvenAbsent as proof. Like every mark below: `expected_version` (default
+    `op.version`) is the version the caller acted on (StaleVersion if the row moved on);
+    `actor` names the agent on the event.
     """
-    changes = {}
+    if in_flight_for is None:
+        in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
+    check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
+    now = timezone.now()
+    changes: dict[str, Any] = {"submitted_at": now, "in_flight_until": now + in_flight_for}
     if op.state == State.SAFE_TO_RETRY:
-        changes = {"attempt": op.attempt + 1, "submitted_at": timezone.now(),
-                   "error_code": "", "error_detail": "", "unknown_since": None,
-                   "next_attempt_at": None, "reconcile_attempts": 0, "reconcile_failures": 0}
+        changes.update({"attempt": op.attempt + 1,
+                        "error_code": "", "error_detail": "", "unknown_since": None,
+                        "next_attempt_at": None, "reconcile_attempts": 0,
+                        "reconcile_failures": 0})
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
     return transitions.by_agent(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
@@ -272,14 +283,17 @@ def submit(
     rejections: tuple[type[BaseException], ...] = (),
     *,
     fencing_token: int | None = None,
+    in_flight_for: timedelta | None = None,
 ):
     """Mark `op` submitted, run the block that sends it, and record how it ended.
+
+    `in_flight_for`: as for `mark_submitted`.
 
     Normal exit: succeeded. An exception in `rejections`: rejected. Any other exception
     (timeouts, dropped connections, crashes): outcome_unknown. Both are re-raised; nothing
     is retried.
     """
-    mark_submitted(op, fencing_token=fencing_token)
+    mark_submitted(op, fencing_token=fencing_token, in_flight_for=in_flight_for)
     attempt = Attempt(op, fencing_token)
     try:
         yield attempt

@@ -6,7 +6,9 @@ bounded search matched on the fingerprint) only when lookup returns None. Its ve
 the operation:
 
     Found        -> succeeded (external_id stored)
-    ProvenAbsent -> safe_to_retry if the retry policy allows it, else manual_review
+    ProvenAbsent -> safe_to_retry if the retry policy allows it, else manual_review; but
+                    observed before the attempt's `in_flight_until`, outcome_unknown again
+                    with the evidence, next attempt once the window has passed
     Ambiguous    -> manual_review
     NotYet       -> outcome_unknown again, next attempt after a backoff, until the grace
                     period (from `unknown_since`) ends; then manual_review
@@ -446,6 +448,13 @@ def _decide(
         return State.SUCCEEDED, f"found {outcome.external_id} ({outcome.matched_by})", changes
     if verdict == PROVEN_ABSENT:
         changes["reconcile_failures"] = 0
+        if op.in_flight_until is not None and now < op.in_flight_until:
+            # The request may still land: an absence read now proves nothing yet.
+            changes["next_attempt_at"] = op.in_flight_until
+            return (State.OUTCOME_UNKNOWN,
+                    f"absent, but attempt {op.attempt} may still be in flight until "
+                    f"{op.in_flight_until.isoformat()}: not proof; next attempt then",
+                    changes)
         if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN:
             return State.SAFE_TO_RETRY, "proven absent: safe to retry", changes
         return (State.MANUAL_REVIEW,

@@ -125,7 +125,8 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
 
     assert result["project_modules"] == []
     assert result["settings"] == {"MAX_INTENT_BYTES": 262144, "RECONCILE_MAX_FAILURES": 3,
-                                  "STALE_SUBMISSION_SECONDS": 600, "RECONCILER_MODULES": []}
+                                  "STALE_SUBMISSION_SECONDS": 600, "IN_FLIGHT_SECONDS": 60,
+                                  "RECONCILER_MODULES": []}
     assert result["has_absolute_url"] is False
     assert result["stylesheet_found"] is True
     assert result["intent_headers"] == {"Authorization": "[redacted]"}

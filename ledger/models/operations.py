@@ -104,6 +104,9 @@ class Operation(models.Model):
     created_at = models.DateTimeField()
     state_changed_at = models.DateTimeField()
     submitted_at = models.DateTimeField(null=True, blank=True)
+    # Until then the request of the current attempt may still be travelling: a read that
+    # finds nothing before it proves nothing (ledger.reconcile keeps the operation unknown).
+    in_flight_until = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
     # Reconciliation bookkeeping (ledger.reconcile).
     unknown_since = models.DateTimeField(null=True, blank=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import httpx
 import pytest
 
@@ -293,7 +295,9 @@ def test_in_flight_seconds_reaches_the_ledger_only_where_it_has_the_window(make_
                         json={"in_flight_seconds": 30})
     if service.HAS_IN_FLIGHT_WINDOW:
         assert answer.status_code == 200
-        assert Operation.objects.get().in_flight_until is not None
+        stored = Operation.objects.get()
+        assert stored.in_flight_until - stored.submitted_at == timedelta(seconds=30)
+        assert answer.json()["in_flight_until"] == stored.in_flight_until.isoformat()
     else:
         assert_problem(answer, 422, detail_has="no in-flight window")
         assert Operation.objects.get().state == "planned"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from datetime import datetime, timedelta
 
 import anyio
 import httpx
@@ -67,8 +68,11 @@ async def lifecycle_and_fact_conflict(client: Client) -> None:
 
     submitted = await client.call_tool("ledger_mark_submitted",
                                        {"operation_id": op["operation_id"],
-                                        "expected_version": 1})
+                                        "expected_version": 1, "in_flight_seconds": 45})
     assert not submitted.is_error and submitted.structured_content["state"] == "submitted"
+    sent = submitted.structured_content
+    assert (datetime.fromisoformat(sent["in_flight_until"])
+            - datetime.fromisoformat(sent["submitted_at"])) == timedelta(seconds=45)
     done = await client.call_tool("ledger_mark_succeeded",
                                   {"operation_id": op["operation_id"], "external_id": "msg-7"})
     assert done.structured_content["state"] == "succeeded"

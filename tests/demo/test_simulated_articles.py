@@ -4,8 +4,10 @@ import http.client
 import json
 import signal
 from datetime import timedelta
+from unittest import mock
 
 import pytest
+from django.utils import timezone
 
 from demo.simulated.agent import STEPS, publish_articles
 from demo.simulated.articles import (
@@ -14,7 +16,7 @@ from demo.simulated.articles import (
     ArticlesReconciler,
     ArticlesService,
 )
-from ledger import receipts, reconcile
+from ledger import conf, receipts, reconcile
 from ledger.models import Evidence, Operation
 from ledger.states import State
 from tests.support.processes import spawn, wait_for_line
@@ -29,13 +31,14 @@ def service():
 
 
 def send(service, title, *, fault=None, timeout=5.0, retry_policy="if_absent_proven",
-         body="text"):
+         body="text", in_flight_for=None):
     """What an agent does: record, submit, call; returns the operation as it ended."""
     client = ArticlesClient(service.url, timeout=timeout)
     op = receipts.record_intent("articles.create", client.articles_url,
                                 {"title": title, "body": body}, retry_policy=retry_policy)
     try:
-        with receipts.submit(op, rejections=(ArticleRejected,)) as attempt:
+        with receipts.submit(op, rejections=(ArticleRejected,),
+                             in_flight_for=in_flight_for) as attempt:
             answer = client.create(title=title, body=body, idempotency_key=op.idempotency_key,
                                    fault=fault)
             attempt.succeeded(external_id=answer["id"])
@@ -141,8 +144,16 @@ def test_a_slow_answer_is_reconciled_to_succeeded(service):
 
 
 @pytest.mark.django_db
-def test_a_lost_request_is_proven_absent_and_safe_to_retry(service):
+def test_a_lost_request_proven_absent_inside_the_in_flight_window_stays_unknown(service):
     op = send(service, "Lost", fault="lose_request")
+    op, [ev] = reconciled(op)
+    assert (op.state, ev.verdict) == (State.OUTCOME_UNKNOWN, "proven_absent")
+    assert op.next_attempt_at == op.in_flight_until
+
+
+@pytest.mark.django_db
+def test_a_lost_request_is_proven_absent_and_safe_to_retry(service):
+    op = send(service, "Lost", fault="lose_request", in_flight_for=timedelta(0))
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict, ev.matched_by) == (State.SAFE_TO_RETRY, "proven_absent",
                                                      "idempotency_key")
@@ -150,7 +161,8 @@ def test_a_lost_request_is_proven_absent_and_safe_to_retry(service):
 
 @pytest.mark.django_db
 def test_a_lost_request_with_retry_policy_never_goes_to_manual_review(service):
-    op = send(service, "Lost", fault="lose_request", retry_policy="never")
+    op = send(service, "Lost", fault="lose_request", retry_policy="never",
+              in_flight_for=timedelta(0))
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "proven_absent")
 
@@ -201,7 +213,7 @@ def test_the_search_leaves_out_articles_already_attributed_to_another_operation(
     done = send(service, "Same content")
     assert done.state == State.SUCCEEDED
     service.key_lookup = False
-    op = send(service, "Same content", fault="lose_request")
+    op = send(service, "Same content", fault="lose_request", in_flight_for=timedelta(0))
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict, ev.matched_by) == (State.SAFE_TO_RETRY, "proven_absent",
                                                      "fingerprint")
@@ -258,12 +270,18 @@ def run_agent(run_id, url, kill_at=None):
 
 
 def run_to_completion(run_id, url):
-    """Restart the agent, reconcile between runs, until every step succeeded."""
+    """Restart the agent, reconcile between runs, until every step succeeded.
+
+    Each reconciliation looks once the in-flight window of the last attempt has passed (its
+    clock moved past it): before that, an absence would prove nothing.
+    """
     for _ in range(4):
         result = run_agent(run_id, url)
         if result == {step: State.SUCCEEDED for step in STEPS}:
             return
-        reconcile.run_once(worker="test")
+        after_window = timezone.now() + timedelta(seconds=conf.IN_FLIGHT_SECONDS + 1)
+        with mock.patch.object(reconcile.timezone, "now", return_value=after_window):
+            reconcile.run_once(worker="test")
     raise AssertionError(f"expected the task to finish after restarts, found {result}")
 
 

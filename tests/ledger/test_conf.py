@@ -15,6 +15,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "MAX_INTENT_BYTES": 256 * 1024,
         "RECONCILE_MAX_FAILURES": 3,
         "STALE_SUBMISSION_SECONDS": 600,
+        "IN_FLIGHT_SECONDS": 60,
         "RECONCILER_MODULES": (),
     }
     assert check_settings() == []
