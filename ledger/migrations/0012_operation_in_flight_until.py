@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0010_agent_keys'),
+        ('ledger', '0011_operation_result'),
     ]
 
     operations = [
