@@ -14,6 +14,7 @@ from ledger import receipts, reconcile, runs
 from ledger.errors import InvalidInput, OutcomeUnknown, Rejected, UnstorableResult
 from ledger.models import Operation
 from ledger.states import State
+from tests.support.loops import run_coroutine
 from tests.support.processes import spawn, wait_for_line
 
 TARGET = "https://articles.example/api/articles"
@@ -66,7 +67,7 @@ def call(fn, *args):
             # The ledger's worker thread keeps its connection; close it for the test database.
             await sync_to_async(connections.close_all)()
 
-    return asyncio.run(run_and_close())
+    return run_coroutine(run_and_close())
 
 
 @pytest.fixture(params=["sync", "async"])

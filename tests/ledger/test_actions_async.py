@@ -14,6 +14,7 @@ from ledger import receipts
 from ledger.errors import OutcomeUnknown
 from ledger.models import Operation
 from ledger.states import State
+from tests.support.loops import run_coroutine
 
 AGENTS = 50
 
@@ -89,7 +90,7 @@ def test_fifty_agents_under_gather_record_one_operation_per_key_without_blocking
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(0.0002)    # the loop thread gets the GIL back quickly
     try:
-        results, lags = asyncio.run(main())
+        results, lags = run_coroutine(main())
     finally:
         sys.setswitchinterval(switch_interval)
     lags.sort()
