@@ -122,7 +122,8 @@ class Operation(models.Model):
     # What a `receipts.action` returned (redacted JSON); when it could not be stored (not
     # JSON, too large), `result_unstorable` says why and `result` stays null.
     result = models.JSONField(null=True, blank=True)
-    result_unstorable = models.CharField(max_length=300, blank=True)
+    # db_default: rows written in SQL (bulk loaders, other services) need not name it.
+    result_unstorable = models.CharField(max_length=300, blank=True, default="", db_default="")
 
     objects = OperationQuerySet.as_manager()
 
