@@ -346,6 +346,26 @@ def _compact(sql: str) -> str:
 _LINK_FIRST = chain.hash_sql("%(link_body)s", f"'{chain.GENESIS}'", "1")
 _LINK_NEXT = chain.hash_sql("%(link_body)s", "head.hash", "head.seq + 1")
 
+# The two CTEs every write of an operation ends with (CHANGE_OPERATION, INSERT_OPERATION):
+# one link of the tenant's chain and the event carrying it, for each row of `changed`.
+_LINKED_AND_EVENT = f"""linked AS (
+    INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
+    SELECT '{chain.OPERATION_EVENTS.name}', changed.tenant, 1, {_LINK_FIRST} FROM changed
+    ON CONFLICT (chain, tenant) DO UPDATE SET seq = head.seq + 1, hash = {_LINK_NEXT}
+    RETURNING seq, hash
+),
+event AS (
+    INSERT INTO ledger_operationevent
+           (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
+            actor_kind, actor_id, reason, evidence, fencing_token, created_at)
+    SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
+           %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
+           %(evidence)s, %(fencing_token)s, %(now)s
+      FROM changed, linked
+    RETURNING operation_id
+)
+"""
+
 # One change of an operation, as one statement, so that its parts cannot come apart:
 #   changed     the compare-and-set of the row on (state, version): no row when someone
 #               else changed it first, and then nothing below writes anything;
@@ -383,23 +403,8 @@ duplicates AS (
        AND twin.state = '{State.SUCCEEDED}' AND twin.id <> changed.id
        AND twin.conflict <> 'duplicate'
 ),
-linked AS (
-    INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
-    SELECT '{chain.OPERATION_EVENTS.name}', changed.tenant, 1, {_LINK_FIRST} FROM changed
-    ON CONFLICT (chain, tenant) DO UPDATE SET seq = head.seq + 1, hash = {_LINK_NEXT}
-    RETURNING seq, hash
-),
-event AS (
-    INSERT INTO ledger_operationevent
-           (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
-            actor_kind, actor_id, reason, evidence, fencing_token, created_at)
-    SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
-           %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
-           %(evidence)s, %(fencing_token)s, %(now)s
-      FROM changed, linked
-    RETURNING operation_id
-)
-SELECT changed.id, changed.conflict FROM changed JOIN event ON event.operation_id = changed.id
+{_LINKED_AND_EVENT}SELECT changed.id, changed.conflict
+  FROM changed JOIN event ON event.operation_id = changed.id
 """)
 
 
@@ -424,21 +429,5 @@ WITH changed AS (
     ON CONFLICT (tenant, operation, idempotency_key) WHERE idempotency_key > '' DO NOTHING
     RETURNING id, tenant
 ),
-linked AS (
-    INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
-    SELECT '{chain.OPERATION_EVENTS.name}', changed.tenant, 1, {_LINK_FIRST} FROM changed
-    ON CONFLICT (chain, tenant) DO UPDATE SET seq = head.seq + 1, hash = {_LINK_NEXT}
-    RETURNING seq, hash
-),
-event AS (
-    INSERT INTO ledger_operationevent
-           (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
-            actor_kind, actor_id, reason, evidence, fencing_token, created_at)
-    SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
-           %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
-           %(evidence)s, %(fencing_token)s, %(now)s
-      FROM changed, linked
-    RETURNING operation_id
-)
-SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+{_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)
