@@ -6,9 +6,11 @@ sends only from planned or safe_to_retry, stores the return value as `Operation.
 returns it. Every write goes through `ledger.receipts` / `ledger.transitions`.
 
 How a call finds its key:
-- inside `with receipts.step_scope(run, step_id):` (or `async with`), the key derives from
-  the run and step (`receipts.idempotency_key`); several calls of one operation in one step
-  are told apart by their order in the scope (call 1, 2, ...);
+- inside `with receipts.step_scope(run, step_id, fencing_token=...):`, the key derives from
+  the run and step (`record_intent(run=, step=, call=)`, `receipts.idempotency_key`);
+  several calls of one operation in one step are told apart by their order in the scope
+  (the first has no `call`, then call "2", "3", ...); the scope's token fences every write
+  (required once the run is leased);
 - otherwise from `key(*args, **kwargs)`;
 - neither: InvalidInput before anything is recorded. A generated key would differ after a
   crash and the retried call would send a second time.
@@ -72,20 +74,16 @@ def step_scope(run: Run | str, step_id: str, *, fencing_token: int | None = None
         _scope.reset(token)
 
 
-def _key_for(operation: str, key: Callable | None, args, kwargs) -> tuple[str, _Scope | None]:
+def _key_for(operation: str, key: Callable | None, args, kwargs
+             ) -> tuple[str | None, str | None, _Scope | None]:
+    """(idempotency key, call, scope) of one call. In a step scope the key is left to
+    `record_intent`, which derives it from the run and step (`receipts.idempotency_key`):
+    the first call of an operation in the scope has no `call`, the n-th has call "n"."""
     scope = _scope.get()
     if scope is not None:
         n = scope.calls.get(operation, 0) + 1
         scope.calls[operation] = n
-        if n > 1 and "call" in inspect.signature(receipts.idempotency_key).parameters:
-            return receipts.idempotency_key(scope.run.run_id, scope.step_id,
-                                            call=f"{operation}#{n}"), scope
-        if n > 1:
-            raise InvalidInput(
-                f"expected one call of {operation} per step (its key derives from the run "
-                f"and step), found call {n} in step {scope.step_id}; give the action a key="
-            )
-        return receipts.idempotency_key(scope.run.run_id, scope.step_id), scope
+        return None, (str(n) if n > 1 else None), scope
     if key is None:
         raise InvalidInput(
             f"expected a key for action {operation}: call it inside receipts.step_scope(run, "
@@ -96,7 +94,7 @@ def _key_for(operation: str, key: Callable | None, args, kwargs) -> tuple[str, _
     if not isinstance(value, str | int) or isinstance(value, bool) or value == "":
         raise InvalidInput(f"expected key= of {operation} to return a non-empty string, "
                            f"found {value!r}")
-    return str(value), None
+    return str(value), None, None
 
 
 # --- the decorator ---------------------------------------------------------------------------
@@ -144,12 +142,12 @@ def action(
                 if param.kind is inspect.Parameter.VAR_KEYWORD:
                     intent.update(intent.pop(name))
             check_json(intent, what="intent")
-            idem, scope = _key_for(operation, key, args, kwargs)
+            idem, call, scope = _key_for(operation, key, args, kwargs)
             op = receipts.record_intent(
                 operation, target, intent, tenant=tenant,
                 run=scope.run if scope else None, step=scope.step_id if scope else None,
-                idempotency_key=idem, fingerprint_fields=fields, redact=redact_paths,
-                retry_policy=retry_policy,
+                idempotency_key=idem, call=call, fingerprint_fields=fields,
+                redact=redact_paths, retry_policy=retry_policy,
             )
             op._ledger_fencing_token = scope.fencing_token if scope else None
             return op
@@ -259,11 +257,7 @@ def _settled(op: Operation) -> Any:
 
 
 def _submitted(op: Operation, fencing_token, in_flight_for) -> Operation:
-    kwargs: dict[str, Any] = {"fencing_token": fencing_token}
-    if in_flight_for is not None and "in_flight_for" in inspect.signature(
-            receipts.mark_submitted).parameters:
-        kwargs["in_flight_for"] = in_flight_for
-    return receipts.mark_submitted(op, **kwargs)
+    return receipts.mark_submitted(op, fencing_token=fencing_token, in_flight_for=in_flight_for)
 
 
 def _external_id(extract: Callable | None, value: Any) -> str | None:

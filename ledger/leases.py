@@ -124,8 +124,16 @@ def check(resource: str, token: int) -> None:
         _raise_stale(resource, token, current=row[0] if row else None)
 
 
-def check_run(run_pk: int, token: int) -> None:
-    """`check` on the lease `run:<run_id>` of the run with primary key `run_pk`."""
+def check_run(run_pk: int, token: int | None) -> None:
+    """The fence of every agent write to a run's operations, obligations and steps.
+
+    Once the run's lease `run:<run_id>` exists (taken by `runs.resume` or `acquire`, held,
+    expired or released), the write must carry its current token: none, or an older one,
+    raises StaleFencingToken. A run that was never leased is not fenced, unless a token is
+    given (then there is no lease it could be current for). Inside a transaction the lease
+    row is share-locked until commit, so no newer token can be handed out before the
+    caller's write commits.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -138,7 +146,7 @@ def check_run(run_pk: int, token: int) -> None:
             [run_pk],
         )
         row = cursor.fetchone()
-        if row is not None and row[0] == token:
+        if (row is None and token is None) or (row is not None and row[0] == token):
             return
         cursor.execute("SELECT run_id FROM ledger_run WHERE id = %s", [run_pk])
         (run_id,) = cursor.fetchone()
@@ -152,9 +160,17 @@ def current_token(resource: str) -> int | None:
     return row[0] if row else None
 
 
-def _raise_stale(resource: str, token: int, *, owner: str | None = None, current=...) -> None:
+def _raise_stale(resource: str, token: int | None, *, owner: str | None = None,
+                 current=...) -> None:
     if current is ...:
         current = current_token(resource)
+    if token is None:
+        raise StaleFencingToken(
+            f"expected the current fencing token ({current}) of {resource} on a write to "
+            f"its run, found none: once a run is leased every change to its operations, "
+            "obligations and steps carries the holder's token (runs.resume(...).token)",
+            current_token=current,
+        )
     who = f" held by {owner}" if owner else ""
     found = "no lease at all" if current is None else f"current token {current}"
     raise StaleFencingToken(

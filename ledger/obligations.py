@@ -3,7 +3,8 @@
 `open` is idempotent on the key. `commit` is one compare-and-set (`UPDATE ... WHERE state =
 'open'`), so among any number of concurrent committers exactly one wins; every other gets
 `AlreadyCommitted` carrying the winner's result. A settled obligation never changes: a
-trigger refuses any UPDATE of it, and every DELETE.
+trigger refuses any UPDATE of it, and every DELETE. On a leased run, `commit` and `cancel`
+carry the lease's current fencing token (`ledger.leases.check_run`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     whatever its state (the deadline of an existing obligation is left as it was).
 
     The same key naming another run or kind raises IdempotencyKeyReused. With
-    `fencing_token`, StaleFencingToken unless it is the run lease's current token.
+    `fencing_token`, StaleFencingToken unless it is the run lease's current token; without
+    one it is not fenced (like `receipts.record_intent`: an open obligation has no effect,
+    its commit is fenced).
     """
     check_text(kind, "kind", 200)
     check_text(key, "key", 200)
@@ -65,14 +68,14 @@ def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obliga
     Whoever commits first wins; every later or concurrent call, even with the same result,
     raises AlreadyCommitted whose `.result` is the winner's. A cancelled obligation raises
     IllegalTransition; an unknown key InvalidInput. Secret-named keys in `result` are
-    redacted before it is stored.
+    redacted before it is stored. Once the run is leased, StaleFencingToken unless
+    `fencing_token` is the lease's current token (so for `cancel`).
     """
     check_text(key, "key", 200)
     check_json(result, what="result")
     result = redact(result)
     with transaction.atomic(durable=True):
-        if fencing_token is not None:
-            leases.check_run(_run_pk(key), fencing_token)
+        leases.check_run(_run_pk(key), fencing_token)
         won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
             state=ObligationState.COMMITTED, result=result, committed_at=Now()
         )
@@ -88,8 +91,7 @@ def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obliga
     check_text(key, "key", 200)
     check_text(reason, "reason", 2000)
     with transaction.atomic(durable=True):
-        if fencing_token is not None:
-            leases.check_run(_run_pk(key), fencing_token)
+        leases.check_run(_run_pk(key), fencing_token)
         won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
             state=ObligationState.CANCELLED, cancelled_at=Now(),
             cancel_reason=scrub_text(reason.strip()),

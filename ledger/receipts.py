@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 from django.utils import timezone
 
@@ -46,12 +47,31 @@ def new_operation_id(now=None) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
 
 
-def idempotency_key(run_id: str, step_id: str) -> str:
-    """A stable key derived from the run and step: the same inputs always give the same key."""
+def idempotency_key(run_id: str, step_id: str, call: str | None = None) -> str:
+    """The key of a step's operation, derived from the run and the step: the same inputs
+    give the same key in any process, so a step re-run after a crash finds its receipt.
+
+    Format: `run:<run_id>/step:<step_id>`, then `/call:<call>` when `call` tells apart
+    several calls of one operation in one step; each part percent-encoded (`/` is `%2F`,
+    `%` is `%25`: no two inputs share a key). A key longer than the 200 characters a key may
+    have is `run-step:sha256:<hex digest of that text>`.
+    """
     check_text(run_id, "run_id")
     check_text(step_id, "step_id")
-    digest = hashlib.sha256(f"{run_id}\x1f{step_id}".encode()).hexdigest()[:32]
-    return f"ik-{digest}"
+    parts = [f"run:{_key_part(run_id)}", f"step:{_key_part(step_id)}"]
+    if call is not None:
+        parts.append(f"call:{_key_part(check_text(call, 'call', 200))}")
+    key = "/".join(parts)
+    if len(key) > _MAX_KEY:
+        key = f"run-step:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+    return key
+
+
+_MAX_KEY = 200
+
+
+def _key_part(value: str) -> str:
+    return quote(value, safe="")
 
 
 # --- recording the intent ----------------------------------------------------------------
@@ -70,8 +90,16 @@ def record_intent(
     redact: Iterable[str] = (),
     retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
     actor: str | None = None,
+    call: str | None = None,
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
+
+    The idempotency key: `idempotency_key` when given; else, with a run and a step, the key
+    derived from them (`idempotency_key(run_id, step_id, call)`: a step re-run after a
+    crash finds its receipt instead of recording a second one); else a generated one.
+    `call` (only with a run and a step, and no key) tells apart several calls of one
+    operation in one step. Not fenced: a planned receipt has no effect; every change of it
+    is (`mark_submitted` ...).
 
     Secrets (keys naming them at any depth, and the dotted `redact` paths) are replaced
     before anything is written. With the same (tenant, operation, key) and the same
@@ -94,10 +122,19 @@ def record_intent(
     check_json(intent, what="intent")
     stored_intent = _redact_intent(intent, redact_paths)
     intent_fingerprint = fingerprint(stored_intent, fields)
-    if idempotency_key is None:
+    run_obj, step_obj = runs.as_run_and_step(run, step, tenant=tenant)
+    if call is not None and (idempotency_key is not None or step_obj is None):
+        raise InvalidInput(
+            "expected call= only with a run and a step and no idempotency_key (it tells "
+            "apart the derived keys of several calls in one step), found "
+            + ("an explicit idempotency_key" if idempotency_key is not None else
+               "no step")
+        )
+    if idempotency_key is None and step_obj is not None:
+        idempotency_key = _derived_key(run_obj, step_obj, call)
+    elif idempotency_key is None:
         idempotency_key = f"gen-{secrets.token_hex(16)}"
     check_text(idempotency_key, "idempotency_key", 200)
-    run_obj, step_obj = runs.as_run_and_step(run, step, tenant=tenant)
 
     # Each statement below stands alone (see transitions.single_statement): the look-up
     # spares a replay the insert, and the insert keeps the key unique by itself.
@@ -134,6 +171,10 @@ def record_intent(
                 existing=existing,
             )
         return existing
+
+
+def _derived_key(run: Run, step: Step, call: str | None) -> str:
+    return idempotency_key(run.run_id, step.step_id, call)
 
 
 _EXISTING = (
@@ -178,6 +219,11 @@ def mark_submitted(
 ) -> Operation:
     """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
 
+    DependencyNotMet (`.missing`) while a step the operation's step depends on is not
+    committed: no effect of `ship` before `charge` is done. On a leased run,
+    StaleFencingToken unless `fencing_token` is the lease's current token (so for every
+    mark below).
+
     `in_flight_for` (default `LEDGER_IN_FLIGHT_SECONDS`) is how long this attempt's request
     may still be travelling: stored as `in_flight_until`, before which the reconciler takes
     no ProvenAbsent as proof. Like every mark below: `expected_version` (default
@@ -187,6 +233,9 @@ def mark_submitted(
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
+    if op.step_id is not None:
+        # A committed step never goes back, so what this reads stays true to the write.
+        runs.require_dependencies_committed(op)
     now = timezone.now()
     changes: dict[str, Any] = {"submitted_at": now, "in_flight_until": now + in_flight_for}
     if op.state == State.SAFE_TO_RETRY:

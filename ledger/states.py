@@ -173,3 +173,28 @@ def transition_check_sql() -> str:
     END IF;
     RETURN NEW;
     """
+
+
+def human_decision_check_sql() -> str:
+    """PL/pgSQL body of the BEFORE INSERT trigger on ledger_operationevent.
+
+    Refuses the event of a human-only move (`HUMAN_ONLY`) unless it is a person's: actor
+    kind human and the deciding user (`decided_by`) named. With the deferred check that
+    every state change carries its event, no UPDATE makes a human decision without one.
+    """
+    pairs = ", ".join(
+        f"({_sql_literal(a)}, {_sql_literal(b)})" for a, b in sorted(HUMAN_ONLY)
+    )
+    return f"""
+    IF (NEW.from_state, NEW.to_state) IN ({pairs})
+       AND (NEW.actor_kind IS DISTINCT FROM {_sql_literal(ActorKind.HUMAN)}
+            OR NEW.decided_by_id IS NULL) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation event %s -> %s: expected a person''s decision '
+                             '(actor kind human, the deciding user in decided_by), found '
+                             'actor kind %s %s with decided_by %s; only receipts.resolve '
+                             'makes it', NEW.from_state, NEW.to_state, NEW.actor_kind,
+                             NEW.actor_id, COALESCE(NEW.decided_by_id::text, 'null'));
+    END IF;
+    RETURN NEW;
+    """

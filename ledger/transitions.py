@@ -44,12 +44,12 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger import chain, leases, states
 from ledger.canonical import check_json, redact, scrub_text
-from ledger.errors import IllegalTransition, InvalidInput, StaleVersion
+from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
 from ledger.models import Operation, OperationEvent
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
@@ -94,12 +94,21 @@ def by_agent(
     `expected_version` (default `op.version`) is the version the agent acted on.
     """
     _refuse_human_decision(op, to_state, found="an agent trying to")
-    # A fenced write checks the lease in the same transaction as the change: two statements.
-    fenced = fencing_token is not None
-    with transaction.atomic(durable=True) if fenced else single_statement():
-        return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "",
-                      reason=reason, changes=changes, evidence=evidence,
-                      fencing_token=fencing_token, expected_version=expected_version)
+    # The change of an operation of a run checks the run's lease in the same transaction
+    # (two statements): once the run is leased, only its current token may change it.
+    fenced = fencing_token is not None or getattr(op, "run_id", None) is not None
+    try:
+        with transaction.atomic(durable=True) if fenced else single_statement():
+            return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "",
+                          reason=reason, changes=changes, evidence=evidence,
+                          fencing_token=fencing_token, expected_version=expected_version,
+                          fenced=True)
+    except IntegrityError as exc:
+        # PostgreSQL's own fence (the event trigger): a lease taken between the look at it
+        # above and the event, when there was none to lock.
+        if _FENCE_REFUSAL in str(exc):
+            raise StaleFencingToken(str(exc).splitlines()[0]) from exc
+        raise
 
 
 def by_person(
@@ -123,9 +132,13 @@ def by_person(
             from_state=op.state,
             to_state=to_state,
         )
+    if getattr(user, "pk", None) is None:
+        raise InvalidInput(f"expected a saved user deciding on operation {op.operation_id}, "
+                           f"found {user!r}")
     with transaction.atomic(durable=True):
         return _apply(op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
-                      reason=reason, expected_version=expected_version, changes=changes)
+                      decided_by=user.pk, reason=reason, expected_version=expected_version,
+                      changes=changes)
 
 
 def by_reconciler(
@@ -218,6 +231,8 @@ def _apply(
     expected_version: int | None = None,
     changes: Mapping[str, Any] | None = None,
     fencing_resource: str | None = None,
+    fenced: bool = False,
+    decided_by: int | None = None,
 ) -> Operation:
     """Move `op` to `to_state` inside the caller's transaction; updates `op` in place.
 
@@ -225,7 +240,10 @@ def _apply(
     (state, version): raises IllegalTransition when the table forbids the move,
     StaleVersion when someone else changed the row first, StaleFencingToken when
     `fencing_token` is not the current token of the run's lease (or, when
-    `fencing_resource` is given, of that lease). The token is recorded on the event.
+    `fencing_resource` is given, of that lease), or, with `fenced` (an agent's write), when
+    the run is leased and no token is given. The token is recorded on the event, and
+    `decided_by` (the deciding user's primary key: PostgreSQL refuses a human decision
+    without it).
     """
     # 1. Validate.
     if not isinstance(op, Operation) or op.pk is None:
@@ -246,19 +264,19 @@ def _apply(
     # 2. Check the fence.
     if fencing_token is not None and fencing_resource is not None:
         leases.check(fencing_resource, fencing_token)
-    elif fencing_token is not None:
-        if op.run_id is None:
-            raise InvalidInput(
-                f"expected operation {op.operation_id} to belong to a run when a fencing_token "
-                "is given, found run=None"
-            )
+    elif fencing_token is not None and op.run_id is None:
+        raise InvalidInput(
+            f"expected operation {op.operation_id} to belong to a run when a fencing_token "
+            "is given, found run=None"
+        )
+    elif fencing_token is not None or (fenced and op.run_id is not None):
         leases.check_run(op.run_id, fencing_token)
 
     # 3. Build the event, and the row's new values.
     now = timezone.now()
     event = _event(op, from_state=from_state, to_state=to_state, version=version + 1,
                    actor_kind=actor_kind, actor_id=actor_id, reason=reason, evidence=evidence,
-                   fencing_token=fencing_token, now=now)
+                   fencing_token=fencing_token, decided_by=decided_by, now=now)
     fields: dict[str, Any] = dict(changes or {})
     fields.update(state=to_state, version=version + 1, state_changed_at=now)
     if to_state in states.TERMINAL:
@@ -297,6 +315,7 @@ def _event(
     reason: str = "",
     evidence: Any = None,
     fencing_token: int | None = None,
+    decided_by: int | None = None,
     now: datetime,
 ) -> dict[str, Any]:
     """The event's parameters of the statements below, with the body its chain link covers.
@@ -317,7 +336,7 @@ def _event(
         "from_state": from_state, "to_state": to_state, "to_version": version,
         "actor_kind": actor_kind, "actor_id": actor_id, "reason": reason,
         "evidence": _EVIDENCE.get_db_prep_save(evidence, connection),
-        "fencing_token": fencing_token, "now": now,
+        "fencing_token": fencing_token, "decided_by": decided_by, "now": now,
         "link_body": chain.link_body(payload),
     }
 
@@ -333,6 +352,10 @@ _INSERTED = [field for field in Operation._meta.concrete_fields if not field.pri
 _EVIDENCE = OperationEvent._meta.get_field("evidence")
 # Set by every change, in the statement's text; `conflict` has its own clause.
 _ALWAYS_SET = frozenset({"state", "version", "state_changed_at", "conflict"})
+
+
+# How the event trigger's refusal of an unfenced change begins (ledger.models.operations).
+_FENCE_REFUSAL = "expected the current fencing token"
 
 
 # --- the statements --------------------------------------------------------------------------
@@ -357,10 +380,11 @@ _LINKED_AND_EVENT = f"""linked AS (
 event AS (
     INSERT INTO ledger_operationevent
            (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
-            actor_kind, actor_id, reason, evidence, fencing_token, created_at)
+            actor_kind, actor_id, reason, evidence, fencing_token, decided_by_id,
+            created_at)
     SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
            %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
-           %(evidence)s, %(fencing_token)s, %(now)s
+           %(evidence)s, %(fencing_token)s, %(decided_by)s, %(now)s
       FROM changed, linked
     RETURNING operation_id
 )

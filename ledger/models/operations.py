@@ -1,19 +1,53 @@
 """Action receipts: one Operation per logical external action, its events and evidence."""
 
 import pgtrigger
+from django.conf import settings
 from django.db import models
 
-from ledger.states import TERMINAL, ActorKind, RetryPolicy, State, transition_check_sql
+from ledger.states import (
+    TERMINAL,
+    ActorKind,
+    RetryPolicy,
+    State,
+    human_decision_check_sql,
+    transition_check_sql,
+)
 
-_EVENT_RECORDED = """
+
+# The event must record the change itself (its version, the state it left, the state it
+# reached): the event's own checks (human decisions, the fence) then cover the change.
+def _event_recorded(from_state: str) -> str:
+    return f"""
     IF NOT EXISTS (SELECT 1 FROM ledger_operationevent
-                   WHERE operation_id = NEW.id AND version = NEW.version) THEN
+                   WHERE operation_id = NEW.id AND version = NEW.version
+                     AND from_state = {from_state} AND to_state = NEW.state) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected an event recording version %s (state %s) '
                              'in the same transaction, found none; change operations through '
                              'ledger.receipts', NEW.operation_id, NEW.version, NEW.state);
     END IF;
     RETURN NULL;
+"""
+
+# Leased runs are fenced (ledger.leases.check_run), by the database too: an agent's change
+# of an operation whose run has a lease must carry the lease's current token. The lease row
+# is share-locked to the commit, so no newer token is handed out before it. Not a new
+# receipt (from_state ''): a planned operation has no effect.
+_EVENT_FENCED = """
+    SELECT l.token, l.resource INTO lease
+      FROM ledger_operation o
+      JOIN ledger_run r ON r.id = o.run_id
+      JOIN ledger_lease l ON l.resource = 'run:' || r.run_id
+     WHERE o.id = NEW.operation_id
+       FOR SHARE OF l;
+    IF FOUND AND NEW.fencing_token IS DISTINCT FROM lease.token THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected the current fencing token %s of %s on an agent''s '
+                             'change %s -> %s of its operation, found %s', lease.token,
+                             lease.resource, NEW.from_state, NEW.to_state,
+                             COALESCE(NEW.fencing_token::text, 'no token'));
+    END IF;
+    RETURN NEW;
 """
 
 _TERMINAL_SQL = ", ".join(f"'{state}'" for state in sorted(TERMINAL))
@@ -197,7 +231,7 @@ class Operation(models.Model):
                 operation=pgtrigger.Insert,
                 when=pgtrigger.After,
                 timing=pgtrigger.Deferred,
-                func=_EVENT_RECORDED,
+                func=_event_recorded("''"),
             ),
             pgtrigger.Trigger(
                 name="operation_delete_terminal_only",
@@ -214,7 +248,7 @@ class Operation(models.Model):
                 when=pgtrigger.After,
                 timing=pgtrigger.Deferred,
                 condition=pgtrigger.Q(old__state__df=pgtrigger.F("new__state")),
-                func=_EVENT_RECORDED,
+                func=_event_recorded("OLD.state"),
             ),
         ]
 
@@ -247,6 +281,12 @@ class OperationEvent(models.Model):
     reason = models.TextField(blank=True)
     evidence = models.JSONField(null=True, blank=True)
     fencing_token = models.BigIntegerField(null=True, blank=True)
+    # The person who decided a human-only move (receipts.resolve); PostgreSQL refuses such
+    # a move without it (states.human_decision_check_sql).
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+        related_name="+",
+    )
     created_at = models.DateTimeField()
     # Tamper evidence (ledger.chain): position in the tenant's chain and the link's hash.
     chain_seq = models.BigIntegerField()
@@ -266,6 +306,21 @@ class OperationEvent(models.Model):
         ordering = ["operation", "version"]
         triggers = [
             AppendOnly(name="event_append_only"),
+            pgtrigger.Trigger(
+                name="event_human_decision_check",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                func=human_decision_check_sql(),
+            ),
+            pgtrigger.Trigger(
+                name="event_fenced",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Q(new__actor_kind=ActorKind.AGENT,
+                                      new__from_state__gt=""),
+                declare=[("lease", "record")],
+                func=_EVENT_FENCED,
+            ),
         ]
 
     def __str__(self):

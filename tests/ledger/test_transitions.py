@@ -38,11 +38,14 @@ def chain_seq(tenant="default") -> int:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("from_state", "to_state"), LEGAL)
-def test_every_legal_transition_is_accepted_and_evented(from_state, to_state):
+def test_every_legal_transition_is_accepted_and_evented(from_state, to_state, reviewer):
     op = OperationFactory(state=from_state)
     version = op.version
+    # A human-only move is accepted from a person only (the next test).
+    by = ({"actor_kind": ActorKind.HUMAN, "decided_by": reviewer.pk}
+          if states.is_human_only(from_state, to_state) else {"actor_kind": ActorKind.SYSTEM})
     with transaction.atomic():
-        transitions._apply(op, to_state, actor_kind=ActorKind.SYSTEM, reason="test")
+        transitions._apply(op, to_state, reason="test", **by)
     immediate_constraints()
     op.refresh_from_db()
     assert (op.state, op.version) == (to_state, version + 1)
