@@ -128,19 +128,22 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         intent: Annotated[dict[str, Any], Field(description="The request you will send; "
                                                 "secret-named keys are redacted.")],
         idempotency_key: Annotated[str | None, Field(
-            default=None, description="Stable for this action, e.g. derived from your task "
-            "and step; omit to get a fresh one.")] = None,
+            default=None, description="Stable for this action; omit it with a run and step "
+            "to get the key derived from them, or without a step to get a fresh one.")] = None,
         tenant: Tenant = None,
         run: Annotated[str | None, Field(default=None, description="A run_id.")] = None,
         step: Annotated[str | None, Field(default=None,
                                           description="A step_id of the run.")] = None,
+        call: Annotated[str | None, Field(
+            default=None, description="Tells apart several calls of one operation in one "
+            "step (with run and step, without idempotency_key).")] = None,
         retry_policy: Annotated[str, Field(
             default="if_absent_proven", description="'never' if a retry must be decided "
             "by a person even when the effect is proven absent.")] = "if_absent_proven",
     ) -> dict[str, Any]:
         data, created = await _call(
             ctx, service.record_intent, operation=operation, target=target, intent=intent,
-            idempotency_key=idempotency_key, tenant=tenant, run=run, step=step,
+            idempotency_key=idempotency_key, tenant=tenant, run=run, step=step, call=call,
             retry_policy=retry_policy,
         )
         return {"created": created, "operation": data}

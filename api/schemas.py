@@ -44,7 +44,10 @@ class RecordIntentIn(Schema):
     idempotency_key: str | None = None
     tenant: str | None = Field(default=None, description="Default: the key's only tenant.")
     run: str | None = Field(default=None, description="A run_id of the key's tenants.")
-    step: str | None = None
+    step: str | None = Field(default=None, description="A step_id of the run; without an "
+                             "idempotency_key the key derives from the run and step.")
+    call: str | None = Field(default=None, description="Tells apart several calls of one "
+                             "operation in one step (with run and step, without a key).")
     retry_policy: RetryPolicyName = "if_absent_proven"
     redact: list[str] = Field(default_factory=list, description="Dotted paths to redact.")
     fingerprint_fields: list[str] | None = None

@@ -163,6 +163,7 @@ def record_intent(
     tenant: str | None = None,
     run: str | None = None,
     step: str | None = None,
+    call: str | None = None,
     retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
     redact: list[str] | None = None,
     fingerprint_fields: list[str] | None = None,
@@ -174,7 +175,7 @@ def record_intent(
         tenant = run_obj.tenant
     op = receipts.record_intent(
         operation, target, intent, tenant=tenant_for(key, tenant), run=run_obj, step=step,
-        idempotency_key=idempotency_key, fingerprint_fields=fingerprint_fields,
+        idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
         redact=redact or (), retry_policy=retry_policy, actor=key.name,
     )
     return operation_dict(op), op.recorded_now

@@ -103,8 +103,11 @@ class _Agent:
             tenant=run.tenant, run=run, idempotency_key=receipts.idempotency_key(run.run_id, step),
             retry_policy=retry_policy, actor=f"agent:{run.run_id}",
         )
+        # The agent works under its run's lease: every change of a leased run's operation
+        # carries the lease's current token (re-taking its own lease gives a fresh one).
+        token = leases.acquire(run.lease_resource, f"agent:{run.run_id}", timedelta(seconds=30))
         try:
-            with receipts.submit(op, rejections=(ArticleRejected,),
+            with receipts.submit(op, rejections=(ArticleRejected,), fencing_token=token,
                                  in_flight_for=in_flight_for) as attempt:
                 answer = client.create(title=title, body=body,
                                        idempotency_key=op.idempotency_key, fault=fault)

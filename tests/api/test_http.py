@@ -141,6 +141,35 @@ def test_a_write_with_a_superseded_fencing_token_is_409(make_key, client_for):
     assert leases.check_run(Operation.objects.get().run_id, new) is None
 
 
+def test_a_write_without_a_token_to_a_leased_run_is_409(make_key, client_for):
+    agent = client_for(make_key("billing-bot"))
+    agent.post("/api/v1/runs", json={"objective": "invoices", "run_id": "run-1"})
+    op = record(agent, run="run-1").json()
+    token = agent.post("/api/v1/runs/run-1/resume", json={}).json()["token"]
+
+    refused = agent.post(f"/api/v1/operations/{op['operation_id']}/submitted", json={})
+
+    body = assert_problem(refused, 409, detail_has=f"current fencing token ({token})")
+    assert body["error"] == "StaleFencingToken"
+    assert Operation.objects.get().state == "planned"
+
+
+def test_a_steps_operation_takes_the_key_derived_from_run_and_step(make_key, client_for):
+    agent = client_for(make_key("billing-bot"))
+    agent.post("/api/v1/runs", json={"objective": "invoices", "run_id": "run-1"})
+    agent.post("/api/v1/runs/run-1/steps", json={"step_id": "charge"})
+    body = {"operation": "payments.charge", "target": "https://pay.example",
+            "intent": {"amount": 5}, "run": "run-1", "step": "charge"}
+
+    first = agent.post("/api/v1/operations", json=body)
+    again = agent.post("/api/v1/operations", json=body)
+    second_call = agent.post("/api/v1/operations", json={**body, "call": "2"})
+
+    assert (first.status_code, again.status_code, second_call.status_code) == (201, 200, 201)
+    assert first.json()["idempotency_key"] == "run:run-1/step:charge"
+    assert second_call.json()["idempotency_key"] == "run:run-1/step:charge/call:2"
+
+
 def test_a_key_of_tenant_a_gets_404_for_tenant_b(make_key, client_for):
     acme = client_for(make_key("acme-bot", ["acme"]))
     globex = client_for(make_key("globex-bot", ["globex"]))

@@ -151,7 +151,8 @@ def test_obligations_and_resume_over_mcp(make_key, api_server):
                                                           "fencing_token": token})
             assert won.structured_content["result"] == {"id": "r-1"}
             lost = await client.call_tool("state_commit", {"key": "refund-1",
-                                                           "result": {"id": "r-2"}})
+                                                           "result": {"id": "r-2"},
+                                                           "fencing_token": token})
             assert lost.is_error
             text = lost.content[0].text
             assert "AlreadyCommitted" in text
