@@ -144,3 +144,10 @@ def check_paths(paths: Iterable[str], name: str) -> list[str]:
                 f"expected each of {name} to be a dotted path like 'body.card', found {path!r}"
             )
     return result
+
+
+def check_user(user: Any, doing: str) -> Any:
+    """A saved user (a person's decision names them: `OperationEvent.decided_by`)."""
+    if getattr(user, "pk", None) is None or not callable(getattr(user, "get_username", None)):
+        raise InvalidInput(f"expected a saved user to {doing}, found {user!r}")
+    return user

@@ -2,8 +2,10 @@
 
 A lease is a time-limited claim on a resource (`run:<run_id>`, ...). Every acquisition
 hands out a token strictly greater than any token the resource had before, so a write that
-carries a token can be refused once someone newer took over (`check`). Times come from the
-database clock (`now()`), never from the caller's.
+carries a token can be refused once someone newer took over (`check`). A run's lease
+`run:<run_id>` fences every agent write to the run once it exists (`check_run`: a write
+without a token is refused too). Times come from the database clock (`now()`), never from
+the caller's.
 
 Each change is one statement (atomic alone, or part of the caller's transaction, with no
 savepoint around it), prepared: reconcilers take and release a lease per operation.

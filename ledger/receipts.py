@@ -34,6 +34,7 @@ from ledger.inputs import (
     check_reason,
     check_string,
     check_text,
+    check_user,
 )
 from ledger.models import Operation, Run, Step
 from ledger.models.operations import Conflict
@@ -383,6 +384,7 @@ def resolve(
     """
     check_choice(to_state, "to_state", states.RESOLUTIONS)
     reason = check_reason(reason)
+    check_user(user, f"resolve operation {op.operation_id}")
     access.require_perm(user, "ledger.resolve_operation", doing="resolve operations")
     access.require_tenant(user, op.tenant)
     if to_state == State.SAFE_TO_RETRY and op.retry_policy == RetryPolicy.NEVER:

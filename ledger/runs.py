@@ -5,6 +5,8 @@ is committed ("no shipping before the payment clears"); a trigger refuses anythi
 `resume` hands a run to a new worker: it takes the run's lease `run:<run_id>` (a larger
 fencing token, so writes still carrying the previous worker's token are refused) and
 returns the hand-off view, read from the tables, never from a summary or a transcript.
+Once a run is leased, moving its steps (`start_step`, `commit_step`) takes the lease's
+current token (`leases.check_run`); adding one (`add_step`) has no effect and is not fenced.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ One change reads top to bottom in `_apply`:
 1. validate: a saved operation, a known state, a move `ledger.states.TRANSITIONS` allows;
 2. check the fence: a write that carries a fencing token is checked against its lease (the
    run's `run:<run_id>`, or the reconciler's `reconcile:<operation_id>`) in the same
-   transaction;
+   transaction; an agent's change of an operation whose run is leased must carry one;
 3. build the event: who, why, the evidence (secrets masked), the token, the time;
 4. run `CHANGE_OPERATION`, one SQL statement whose CTEs are the row's compare-and-set on
    (state, version), the duplicate mark of a move to succeeded, the next link of the
@@ -29,7 +29,9 @@ before the external call, not when a caller's block ends), and `record` runs in 
 `single_statement()` of `record_intent`; `by_reconciler` and `by_sweep` run inside the
 caller's transaction, which also stores evidence or releases a lease. PostgreSQL checks
 every change again (`ledger.models.operations`: the transition trigger generated from
-`ledger.states`, and the event each change must carry).
+`ledger.states`, the event each change must carry, and the event's own checks: a human-only
+move names its deciding user, an agent's change of a leased run's operation carries the
+lease's current token).
 
 These statements run on every receipt, so they are bound on the server and prepared
 (`ledger.prepared`): PostgreSQL plans each shape once per connection.
@@ -50,6 +52,7 @@ from django.utils import timezone
 from ledger import chain, leases, states
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
+from ledger.inputs import check_user
 from ledger.models import Operation, OperationEvent
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
@@ -132,9 +135,7 @@ def by_person(
             from_state=op.state,
             to_state=to_state,
         )
-    if getattr(user, "pk", None) is None:
-        raise InvalidInput(f"expected a saved user deciding on operation {op.operation_id}, "
-                           f"found {user!r}")
+    check_user(user, f"decide on operation {op.operation_id}")
     with transaction.atomic(durable=True):
         return _apply(op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
                       decided_by=user.pk, reason=reason, expected_version=expected_version,

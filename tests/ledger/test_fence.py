@@ -326,9 +326,9 @@ def test_a_decision_records_the_deciding_user(reviewer):
 @pytest.mark.parametrize("user", [None, "reviewer"])
 def test_no_public_writer_takes_a_decision_without_a_user(user):
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
-    with pytest.raises(InvalidInput, match="expected a saved user"):
+    with pytest.raises(InvalidInput, match="expected a saved user to decide on operation"):
         transitions.by_person(op, State.SUCCEEDED, user=user, reason="trust me")
-    with pytest.raises(Exception):  # noqa: B017 - any refusal: no user, no permission
+    with pytest.raises(InvalidInput, match="expected a saved user to resolve operation"):
         receipts.resolve(op, State.SUCCEEDED, user=user, reason="trust me")
     # No writer names an arbitrary actor: the agent's, the reconciler's and the sweep's
     # writers refuse a human decision, and nothing public takes an actor kind.
