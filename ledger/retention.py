@@ -406,7 +406,8 @@ def _record_dry_run(run: PurgeRun, seen: PolicyPreview) -> None:
     run.evidence_purged, run.operations_redacted = seen.evidence, seen.redactions
     run.first_operation_id, run.last_operation_id = (seen.first_operation_id,
                                                      seen.last_operation_id)
-    run.save()
+    run.save(update_fields=["operations_purged", "events_purged", "evidence_purged",
+                            "operations_redacted", "first_operation_id", "last_operation_id"])
 
 
 def _pauser(pause: timedelta) -> Callable[[], None]:
