@@ -2,9 +2,15 @@
 
 An operation may be purged only when it is terminal AND completed more than the governing
 policy's horizon ago (`purge_after_days`, or `keep_events_days` if longer: its events go with
-it) AND nothing in `PURGE_BLOCKERS` holds it. The rule is SQL (`_purgeable_sql`) and is
-evaluated again inside each DELETE, so a row that changed after it was counted is never
-taken; a database trigger also refuses deleting a non-terminal operation, whoever asks.
+it) AND nothing in `PURGE_BLOCKERS` holds it. The rule is SQL (`_purgeable_sql`): each batch
+is picked and locked by it (a row that changed after it was counted is never taken).
+
+The deletions and redactions themselves run in PostgreSQL, in the SECURITY DEFINER functions
+`ledger_retention_purge` and `ledger_retention_redact` (migration 0014): the only way to
+remove events and evidence or to change a settled receipt, even for the application role.
+They check again that each operation is terminal and past its policy's horizon by the
+database's clock, and write the audit themselves (PurgeRun counts, ChainAnchor, Redaction);
+a database trigger also refuses deleting a non-terminal operation, whoever asks.
 
 Redaction replaces the intent (and the payloads of its Evidence rows) of a terminal
 operation `redact_after_days` after completion; the fingerprint, ids, states and events stay,
@@ -23,12 +29,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import pgtrigger
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import access, chain
-from ledger.canonical import REDACTED, canonical_json
+from ledger import access
+from ledger.canonical import REDACTED
 from ledger.errors import InvalidInput
 from ledger.inputs import (
     check_duration,
@@ -37,9 +42,7 @@ from ledger.inputs import (
     check_whole_number,
 )
 from ledger.models import (
-    ChainAnchor,
     PurgeRun,
-    Redaction,
     RetentionChange,
     RetentionPolicy,
 )
@@ -54,10 +57,6 @@ MAX_PAUSE = timedelta(minutes=1)
 # agents writing meanwhile get the database to themselves for a moment (bench/ P5 measures
 # their p99 with and without it).
 POLITE_PAUSE = timedelta(milliseconds=10)
-_APPEND_ONLY = (
-    "ledger.OperationEvent:event_append_only",
-    "ledger.Evidence:evidence_append_only",
-)
 Progress = Callable[[str], None]
 
 
@@ -364,8 +363,9 @@ def purge(
 
     Works in batches of at most `batch` operations, each its own short transaction
     (`atomic(durable=True)` per batch rather than one around the whole purge, so locks are
-    short and an interruption loses at most the batch in flight); the rule is re-checked
-    inside each statement and rows locked by others are skipped for the next run. Safe to
+    short and an interruption loses at most the batch in flight); each batch is locked by the
+    rule, rows locked by others are skipped for the next run, and the database functions
+    check terminal-and-old again. Safe to
     interrupt and rerun. `dry_run` writes only the PurgeRun, with the counts a real purge
     would reach now. Never deletes a non-terminal operation. `pause` is slept after each
     batch (outside any transaction), leaving the database's CPU and WAL to the agents writing
@@ -406,7 +406,8 @@ def _record_dry_run(run: PurgeRun, seen: PolicyPreview) -> None:
     run.evidence_purged, run.operations_redacted = seen.evidence, seen.redactions
     run.first_operation_id, run.last_operation_id = (seen.first_operation_id,
                                                      seen.last_operation_id)
-    run.save()
+    run.save(update_fields=["operations_purged", "events_purged", "evidence_purged",
+                            "operations_redacted", "first_operation_id", "last_operation_id"])
 
 
 def _pauser(pause: timedelta) -> Callable[[], None]:
@@ -426,61 +427,24 @@ def _purge_policy(run, policy, ordered, now, batch, say, result, between) -> Non
 
 def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
     where, params = _purgeable_sql(policy, ordered, now)
-    with transaction.atomic(durable=True), pgtrigger.ignore(*_APPEND_ONLY):
-        with connection.cursor() as cursor:
-            # The rule appears twice: once to pick the batch (materialized, so the LIMIT
-            # holds), and again in the DELETE's own WHERE, evaluated against the row as it
-            # is when it is deleted.
-            cursor.execute(
-                f"""
-                WITH batch AS MATERIALIZED (
-                    SELECT o.id FROM ledger_operation o WHERE {where}
-                    ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
-                DELETE FROM ledger_operation o USING batch
-                WHERE o.id = batch.id AND {where}
-                RETURNING o.id, o.operation_id
-                """,
-                [*params, batch, *params],
-            )
-            deleted = cursor.fetchall()
-            if not deleted:
-                return []
-            pks = [pk for pk, _ in deleted]
-            cursor.execute("DELETE FROM ledger_evidence WHERE operation_id = ANY(%s)", [pks])
-            evidence = cursor.rowcount
-            cursor.execute(
-                "DELETE FROM ledger_operationevent WHERE operation_id = ANY(%s) "
-                "RETURNING tenant, chain_seq, chain_hash", [pks],
-            )
-            links = cursor.fetchall()
-        _anchor(run, links)
-        ids = sorted(operation_id for _, operation_id in deleted)
-        run.operations_purged += len(ids)
-        run.events_purged += len(links)
-        run.evidence_purged += evidence
-        _extend_range(run, ids)
-        run.save()
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # Pick and lock the batch by the rule; rows locked by others wait for the next run.
+        # Locked, a terminal receipt cannot change before it goes.
+        cursor.execute(
+            f"SELECT o.id FROM ledger_operation o WHERE {where} "
+            "ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED",
+            [*params, batch],
+        )
+        pks = [pk for (pk,) in cursor.fetchall()]
+        if not pks:
+            return []
+        # The only way to delete events and evidence (migration 0014): the function checks
+        # again that each is terminal and past the policy's horizon, anchors the chain and
+        # counts what it removed on the run, as the tables' owner.
+        cursor.execute("SELECT ledger_retention_purge(%s, %s)", [run.pk, pks])
+        ids = sorted(operation_id for (operation_id,) in cursor.fetchall())
+    run.refresh_from_db()
     return ids
-
-
-def _anchor(run: PurgeRun, links: list[tuple[str, int, str]]) -> None:
-    """Anchor the last deleted link of each gap this batch made, so the rest verifies."""
-    deleted = {(tenant, seq) for tenant, seq, _ in links}
-    now = timezone.now()
-    ChainAnchor.objects.bulk_create(
-        [
-            ChainAnchor(chain=chain.OPERATION_EVENTS.name, tenant=tenant, seq=seq, hash=digest,
-                        purge_run=run, created_at=now)
-            for tenant, seq, digest in links
-            if (tenant, seq + 1) not in deleted
-        ],
-        ignore_conflicts=True,
-    )
-
-
-def _extend_range(run: PurgeRun, ids: list[str]) -> None:
-    run.first_operation_id = min(filter(None, [run.first_operation_id, ids[0]]))
-    run.last_operation_id = max(run.last_operation_id, ids[-1])
 
 
 def _redact_policy(run, policy, ordered, now, batch, say, result, between) -> None:
@@ -497,40 +461,18 @@ def _redact_policy(run, policy, ordered, now, batch, say, result, between) -> No
 
 def _redact_batch(run, policy, ordered, now, batch) -> list[str]:
     where, params = _redactable_sql(policy, ordered, now)
-    payload = canonical_json(REDACTED_PAYLOAD)
-    redacted_at = timezone.now()
-    with transaction.atomic(durable=True), pgtrigger.ignore(*_APPEND_ONLY):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""
-                WITH batch AS MATERIALIZED (
-                    SELECT o.id FROM ledger_operation o WHERE {where}
-                    ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED)
-                UPDATE ledger_operation o
-                SET intent = %s::jsonb, error_detail = '', redacted_at = %s
-                FROM batch
-                WHERE o.id = batch.id AND {where}
-                RETURNING o.id, o.operation_id, o.tenant, o.intent_fingerprint
-                """,
-                [*params, batch, payload, redacted_at, *params],
-            )
-            updated = cursor.fetchall()
-            if not updated:
-                return []
-            cursor.execute(
-                "UPDATE ledger_evidence SET query = %s::jsonb, observed = %s::jsonb, "
-                "detail = '', redacted_at = %s WHERE operation_id = ANY(%s) "
-                "RETURNING operation_id",
-                [payload, payload, redacted_at, [row[0] for row in updated]],
-            )
-            evidence = [row[0] for row in cursor.fetchall()]
-        Redaction.objects.bulk_create(
-            Redaction(operation_ref=operation_id, tenant=tenant, intent_fingerprint=fp,
-                      evidence_rows=evidence.count(pk), purge_run=run, redacted_at=redacted_at)
-            for pk, operation_id, tenant, fp in updated
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT o.id FROM ledger_operation o WHERE {where} "
+            "ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED",
+            [*params, batch],
         )
-        run.operations_redacted += len(updated)
-        run.evidence_redacted += len(evidence)
-        run.save(update_fields=["operations_redacted", "evidence_redacted"])
-    return sorted(row[1] for row in updated)
-
+        pks = [pk for (pk,) in cursor.fetchall()]
+        if not pks:
+            return []
+        # The only way to change a settled receipt's intent (migration 0014): the function
+        # checks each again, writes REDACTED_PAYLOAD, one Redaction row each, and the counts.
+        cursor.execute("SELECT ledger_retention_redact(%s, %s)", [run.pk, pks])
+        ids = sorted(operation_id for (operation_id,) in cursor.fetchall())
+    run.refresh_from_db()
+    return ids

@@ -176,7 +176,9 @@ def _locked_step(run, step_id: str, fencing_token: int | None) -> Step:
     check_text(step_id, "step_id", 100)
     run = as_run(run)
     leases.check_run(run.pk, fencing_token)
-    step = Step.objects.select_for_update().filter(run=run, step_id=step_id).first()
+    # Only the step's row: Step's ordering joins its run, which stays unlocked (and the
+    # application role may not lock runs: it has no UPDATE on them).
+    step = Step.objects.select_for_update(of=("self",)).filter(run=run, step_id=step_id).first()
     if step is None:
         raise InvalidInput(
             f"expected step {step_id!r} in run {run.run_id}, found no such step (add_step first)"

@@ -6,6 +6,8 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.triggers import Protect
+
 
 class AgentKey(models.Model):
     """One agent's bearer key. Only a SHA-256 of the secret is stored; the secret itself is
@@ -79,7 +81,7 @@ class AgentKeyChange(models.Model):
     class Meta:
         ordering = ["-changed_at", "-id"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="agent_key_change_append_only",
                 operation=pgtrigger.Update | pgtrigger.Delete,
             ),

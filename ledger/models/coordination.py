@@ -4,6 +4,8 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.triggers import Protect, Trigger
+
 
 class StepState(models.TextChoices):
     PENDING = "pending", "Pending"
@@ -94,7 +96,7 @@ class Step(models.Model):
         ]
         ordering = ["run", "id"]
         triggers = [
-            pgtrigger.Trigger(
+            Trigger(
                 name="step_lifecycle_check",
                 operation=pgtrigger.Update,
                 when=pgtrigger.Before,
@@ -187,7 +189,7 @@ class TenantAccessChange(models.Model):
         ]
         ordering = ["-changed_at", "-id"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="tenant_access_change_append_only",
                 operation=pgtrigger.Update | pgtrigger.Delete,
             ),

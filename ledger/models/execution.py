@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
+from ledger.models.triggers import Protect, Trigger
+
 
 class FactStatus(models.TextChoices):
     CURRENT = "current", "Current"
@@ -204,13 +206,13 @@ class Fact(models.Model):
         ]
         ordering = ["tenant", "subject", "predicate", "version", "id"]
         triggers = [
-            pgtrigger.Trigger(
+            Trigger(
                 name="fact_never_updated_in_place",
                 operation=pgtrigger.Update | pgtrigger.Delete,
                 when=pgtrigger.Before,
                 func=_FACT_IMMUTABLE,
             ),
-            pgtrigger.Trigger(
+            Trigger(
                 name="fact_insert_check",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
@@ -300,7 +302,7 @@ class FactConflict(models.Model):
         ordering = ["created_at", "id"]
         permissions = [("resolve_factconflict", "Can decide between conflicting facts")]
         triggers = [
-            pgtrigger.Trigger(
+            Trigger(
                 name="conflict_settled_once",
                 operation=pgtrigger.Update | pgtrigger.Delete,
                 when=pgtrigger.Before,
@@ -340,7 +342,7 @@ class FactDecision(models.Model):
         indexes = [models.Index(fields=["created_at", "id"], name="fact_decision_time_idx")]
         ordering = ["created_at", "id"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="fact_decision_append_only", operation=pgtrigger.Update | pgtrigger.Delete
             ),
         ]
@@ -406,7 +408,7 @@ class Obligation(models.Model):
         ]
         ordering = ["created_at", "id"]
         triggers = [
-            pgtrigger.Trigger(
+            Trigger(
                 name="obligation_settled_once",
                 operation=pgtrigger.Update | pgtrigger.Delete,
                 when=pgtrigger.Before,
@@ -437,7 +439,7 @@ class Episode(models.Model):
         indexes = [models.Index(fields=["run", "created_at", "id"], name="episode_run_idx")]
         ordering = ["created_at", "id"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="episode_append_only", operation=pgtrigger.Update | pgtrigger.Delete
             ),
         ]

@@ -4,6 +4,7 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.triggers import SANCTIONED, Protect, Trigger
 from ledger.states import (
     TERMINAL,
     ActorKind,
@@ -68,14 +69,40 @@ _DELETE_TERMINAL_ONLY = f"""
     RETURN NULL;
 """
 
+# A settled receipt is the record of what happened: once terminal, only the conflict flag
+# (flagging a duplicate, a person's acknowledgement) may change in an ordinary UPDATE;
+# redaction (intent, error_detail, redacted_at) only inside the sanctioned retention
+# function; everything else (external_id, target, result, completed_at, ...) never.
+# State and version are the transition check's (which fires first: triggers fire by name).
+_TERMINAL_ALWAYS = ("conflict", "state", "version")
+_TERMINAL_REDACTION = ("intent", "error_detail", "redacted_at")
+_TERMINAL_IMMUTABLE = f"""
+    SELECT string_agg(n.key, ', ' ORDER BY n.key) INTO changed
+      FROM jsonb_each(to_jsonb(NEW)) n
+     WHERE n.value IS DISTINCT FROM to_jsonb(OLD) -> n.key
+       AND n.key <> ALL (ARRAY[{", ".join(f"'{c}'" for c in _TERMINAL_ALWAYS)}]::text[])
+       AND (n.key <> ALL (ARRAY[{", ".join(f"'{c}'" for c in _TERMINAL_REDACTION)}]::text[])
+            OR NOT {SANCTIONED});
+    IF changed IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected a {"/".join(sorted(TERMINAL))} receipt to '
+                             'stay as settled (only its conflict flag may change; its intent '
+                             'only through the retention redaction), found an UPDATE of %s '
+                             'in state %s', OLD.operation_id, changed, OLD.state);
+    END IF;
+    RETURN NEW;
+"""
 
-class AppendOnly(pgtrigger.Protect):
+
+class AppendOnly(Protect):
     """Refuse every UPDATE and DELETE statement on the table, once per statement.
 
     A BEFORE trigger at statement level (pgtrigger's own statement-level Protect is an
     AFTER trigger over transition tables, which cannot cover UPDATE and DELETE at once):
-    the sanctioned purge, under `pgtrigger.ignore`, pays for one check per statement
-    rather than one per row. It refuses even a statement that matches no row.
+    the sanctioned purge and redaction (`ledger_retention_purge`, `ledger_retention_redact`,
+    the only callers `ledger_sanctioned` admits; see ledger.models.triggers) pay for one
+    check per statement rather than one per row. It refuses even a statement that matches
+    no row.
     """
 
     def __init__(self, *, name: str):
@@ -84,8 +111,16 @@ class AppendOnly(pgtrigger.Protect):
         self.when = pgtrigger.Before
 
     def get_func(self, model):
-        return "RAISE EXCEPTION 'pgtrigger: Cannot update or delete rows from % table', " \
-               "TG_TABLE_NAME;"
+        return f"""
+        IF {SANCTIONED} THEN
+            RETURN NULL;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('pgtrigger: Cannot update or delete rows from %s table: expected '
+                             'only INSERT (it is append-only; retention removes and redacts '
+                             'rows through ledger_retention_purge and ledger_retention_redact), '
+                             'found %s', TG_TABLE_NAME, TG_OP);
+        """
 
 
 class Conflict(models.TextChoices):
@@ -206,13 +241,13 @@ class Operation(models.Model):
             ("override_retry_policy", "Can mark a never-retry operation safe to retry"),
         ]
         triggers = [
-            pgtrigger.Trigger(
+            Trigger(
                 name="operation_transition_check",
                 operation=pgtrigger.Update,
                 when=pgtrigger.Before,
                 func=transition_check_sql(),
             ),
-            pgtrigger.Trigger(
+            Trigger(
                 name="operation_insert_planned",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
@@ -226,14 +261,14 @@ class Operation(models.Model):
                 RETURN NEW;
                 """,
             ),
-            pgtrigger.Trigger(
+            Trigger(
                 name="operation_insert_evented",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.After,
                 timing=pgtrigger.Deferred,
                 func=_event_recorded("''"),
             ),
-            pgtrigger.Trigger(
+            Trigger(
                 name="operation_delete_terminal_only",
                 operation=pgtrigger.Delete,
                 when=pgtrigger.After,
@@ -242,7 +277,15 @@ class Operation(models.Model):
                 declare=[("unfinished", "record")],
                 func=_DELETE_TERMINAL_ONLY,
             ),
-            pgtrigger.Trigger(
+            Trigger(
+                name="operation_unchanged_when_terminal",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Q(old__state__in=sorted(TERMINAL)),
+                declare=[("changed", "text")],
+                func=_TERMINAL_IMMUTABLE,
+            ),
+            Trigger(
                 name="operation_change_evented",
                 operation=pgtrigger.Update,
                 when=pgtrigger.After,
@@ -306,13 +349,13 @@ class OperationEvent(models.Model):
         ordering = ["operation", "version"]
         triggers = [
             AppendOnly(name="event_append_only"),
-            pgtrigger.Trigger(
+            Trigger(
                 name="event_human_decision_check",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
                 func=human_decision_check_sql(),
             ),
-            pgtrigger.Trigger(
+            Trigger(
                 name="event_fenced",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,

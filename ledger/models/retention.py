@@ -4,6 +4,8 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.triggers import Protect
+
 # The one policy that always exists: it governs every operation no other policy matches.
 DEFAULT_PATTERN = "*"
 
@@ -99,7 +101,7 @@ class RetentionChange(models.Model):
     class Meta:
         ordering = ["-changed_at", "-id"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="retention_change_append_only",
                 operation=pgtrigger.Update | pgtrigger.Delete,
             ),
@@ -158,7 +160,7 @@ class Redaction(models.Model):
     class Meta:
         ordering = ["-redacted_at", "-id"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="redaction_append_only", operation=pgtrigger.Update | pgtrigger.Delete
             ),
         ]
@@ -209,7 +211,7 @@ class ChainAnchor(models.Model):
         ]
         ordering = ["chain", "tenant", "seq"]
         triggers = [
-            pgtrigger.Protect(
+            Protect(
                 name="chain_anchor_append_only", operation=pgtrigger.Update | pgtrigger.Delete
             ),
         ]

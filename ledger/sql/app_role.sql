@@ -1,7 +1,7 @@
--- Agent Ledger: an application role that cannot alter the audit trail.
+-- Agent Ledger: the application role, with only the rights the application uses.
 --
 -- Independent of migrations: run it after `manage.py migrate` (and again after later
--- migrations add tables), as the role that owns the tables, e.g.
+-- migrations add tables or columns), as the role that owns the tables, e.g.
 --
 --   psql "$DATABASE_URL" -c "SET ledger.app_role = 'ledger_app'" -f ledger/sql/app_role.sql
 --
@@ -10,37 +10,119 @@
 --
 --   CREATE ROLE ledger_web LOGIN PASSWORD '...' IN ROLE ledger_app;
 --
--- The role may read everything and insert, update and delete ordinary rows, but it holds
--- no UPDATE, DELETE or TRUNCATE on the audit tables below, so PostgreSQL refuses to alter
--- them even if the append-only triggers were dropped. `manage.py purge` and
--- `manage.py migrate` need those rights: run them as the owning role.
+-- Each run first takes every right the role has on the schema's tables, sequences and
+-- functions away, then grants exactly what is below: whatever an older version of this
+-- file granted is gone. What the role gets:
+--
+-- * SELECT on every table, USAGE on every sequence;
+-- * on the ledger's tables, the writes `LEDGER_WRITES` lists, no more: no UPDATE or DELETE
+--   on the audit tables (append-only: events, evidence, decisions, the change logs), no
+--   DELETE of operations, UPDATE of an operation only on the columns its transitions set
+--   (never its identity, intent or target), no INSERT into the rows only retention writes
+--   (ChainAnchor, Redaction). A ledger table missing from `LEDGER_WRITES` stops the script:
+--   decide its rights when you add it;
+-- * on the framework's tables (auth, sessions, admin log, axes), ordinary writes; on
+--   django_migrations, none;
+-- * EXECUTE on the two retention functions of migration 0014, the only way anyone but the
+--   owner removes events and evidence or redacts a settled receipt; they audit themselves;
+-- * never TRUNCATE, REFERENCES or TRIGGER, never CREATE on the schema, never ownership; the
+--   script refuses a role that is a superuser, owns ledger tables or is a member of their
+--   owner (it could switch the rules off).
+--
+-- `manage.py purge` and `manage.py verify_audit` work under the role; `manage.py migrate`
+-- and this script need the owning role.
 DO $app_role$
 DECLARE
     app_role text := current_setting('ledger.app_role');
-    audit_table text;
+    writes text;
+    ledger_table text;
+    other_table text;
+    -- table => its writes, as GRANT takes them. Reads are granted on every table.
+    ledger_writes CONSTANT jsonb := jsonb_build_object(
+        -- receipts: the columns ledger.transitions sets; the rest never changes
+        'ledger_operation', 'INSERT, UPDATE (state, version, state_changed_at, conflict, '
+            'attempt, external_id, error_code, error_detail, submitted_at, in_flight_until, '
+            'completed_at, unknown_since, next_attempt_at, reconcile_attempts, '
+            'reconcile_failures, result, result_unstorable)',
+        -- append-only: the audit trail
+        'ledger_operationevent', 'INSERT',
+        'ledger_evidence', 'INSERT',
+        'ledger_factdecision', 'INSERT',
+        'ledger_episode', 'INSERT',
+        'ledger_retentionchange', 'INSERT',
+        'ledger_tenantaccesschange', 'INSERT',
+        'ledger_agentkeychange', 'INSERT',
+        'ledger_auditverification', 'INSERT',
+        -- written only by ledger_retention_purge / ledger_retention_redact
+        'ledger_chainanchor', '',
+        'ledger_redaction', '',
+        -- the chains' heads: the upsert of ledger.chain
+        'ledger_chainhead', 'INSERT, UPDATE (seq, hash)',
+        -- retention: policies are the desk's; a run's counts are written by the purge
+        'ledger_retentionpolicy', 'INSERT, UPDATE, DELETE',
+        -- (policy_id: deleting a policy empties it in its runs)
+        'ledger_purgerun', 'INSERT, UPDATE (operations_purged, events_purged, '
+            'evidence_purged, operations_redacted, evidence_redacted, first_operation_id, '
+            'last_operation_id, finished_at, policy_id)',
+        -- execution state: their triggers allow each row's one-way moves only
+        'ledger_fact', 'INSERT, UPDATE (status, superseded_by_id)',
+        'ledger_factconflict', 'INSERT, UPDATE (state, resolved_at, resolved_by_id, '
+            'resolution_reason, chosen_id, resolved_fact_id)',
+        'ledger_obligation', 'INSERT, UPDATE (state, result, committed_at, cancelled_at, '
+            'cancel_reason)',
+        'ledger_run', 'INSERT',
+        'ledger_step', 'INSERT, UPDATE (state, started_at, committed_at)',
+        'ledger_step_depends_on', 'INSERT',
+        'ledger_lease', 'INSERT, UPDATE (owner, token, acquired_at, expires_at)',
+        -- people and keys
+        'ledger_tenantaccess', 'INSERT, DELETE',
+        'ledger_agentkey', 'INSERT, UPDATE (revoked_at, revoked_by_name)'
+    );
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = app_role) THEN
         EXECUTE format('CREATE ROLE %I NOLOGIN', app_role);
     END IF;
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = app_role AND (rolsuper OR rolbypassrls))
+       OR EXISTS (SELECT FROM pg_tables WHERE schemaname = 'public'
+                   AND tablename LIKE 'ledger\_%'
+                   AND pg_has_role(app_role, tableowner, 'MEMBER')) THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('expected an application role that is no superuser and neither '
+                             'owns the ledger''s tables nor is a member of their owner, found '
+                             '%s, which could switch the ledger''s rules off', app_role);
+    END IF;
+    EXECUTE format('REVOKE ALL ON ALL TABLES IN SCHEMA public FROM %I', app_role);
+    EXECUTE format('REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM %I', app_role);
+    EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM %I', app_role);
+    EXECUTE format('REVOKE CREATE ON SCHEMA public FROM %I', app_role);
     EXECUTE format('GRANT USAGE ON SCHEMA public TO %I', app_role);
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO %I',
-                   app_role);
+    EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA public TO %I', app_role);
     EXECUTE format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO %I', app_role);
-    EXECUTE format('REVOKE TRUNCATE, REFERENCES, TRIGGER ON ALL TABLES IN SCHEMA public FROM %I',
-                   app_role);
-    FOREACH audit_table IN ARRAY ARRAY[
-        -- audit tables: append-only for the application
-        'ledger_operationevent',
-        'ledger_evidence',
-        'ledger_retentionchange',
-        'ledger_redaction',
-        'ledger_chainanchor',
-        'ledger_factdecision',
-        'ledger_episode',
-        'ledger_tenantaccesschange',
-        'ledger_agentkeychange'
-    ] LOOP
-        EXECUTE format('REVOKE UPDATE, DELETE, TRUNCATE ON %I FROM %I', audit_table, app_role);
+    FOR ledger_table IN
+        SELECT tablename FROM pg_tables
+         WHERE schemaname = 'public' AND tablename LIKE 'ledger\_%' ORDER BY tablename
+    LOOP
+        writes := ledger_writes ->> ledger_table;
+        IF writes IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+                MESSAGE = format('expected every ledger table in app_role.sql''s ledger_writes, '
+                                 'found %s missing: decide what the application may write '
+                                 'to it', ledger_table);
+        END IF;
+        IF writes <> '' THEN
+            EXECUTE format('GRANT %s ON %I TO %I', writes, ledger_table, app_role);
+        END IF;
     END LOOP;
+    FOR other_table IN
+        SELECT tablename FROM pg_tables
+         WHERE schemaname = 'public' AND tablename NOT LIKE 'ledger\_%'
+           AND tablename <> 'django_migrations'
+    LOOP
+        EXECUTE format('GRANT INSERT, UPDATE, DELETE ON %I TO %I', other_table, app_role);
+    END LOOP;
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_retention_purge(bigint, bigint[]) TO %I',
+                   app_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_retention_redact(bigint, bigint[]) TO %I',
+                   app_role);
 END
 $app_role$;

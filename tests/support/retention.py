@@ -12,9 +12,9 @@ from tests.factories import UserFactory
 
 
 def complete_days_ago(op, days: float, *, now=None) -> None:
-    """Move `op.completed_at` `days` into the past with a raw UPDATE.
-
-    The operation trigger allows it: state and version stay the same. Done even for a
+    """Move `op.completed_at` `days` into the past with a raw UPDATE, as a superuser would:
+    a settled receipt is frozen (`operation_unchanged_when_terminal`), so the UPDATE runs
+    with the triggers off (`session_replication_role = replica`). Done even for a
     non-terminal operation, to show that age alone never makes one purgeable.
 
     Also fires the deferred "every change has its event" checks of the writes so far: a
@@ -23,8 +23,10 @@ def complete_days_ago(op, days: float, *, now=None) -> None:
     """
     when = (now or timezone.now()) - timedelta(days=days)
     with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
         cursor.execute("UPDATE ledger_operation SET completed_at = %s WHERE id = %s",
                        [when, op.pk])
+        cursor.execute("RESET session_replication_role")
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute("SET CONSTRAINTS ALL DEFERRED")
     op.completed_at = when

@@ -16,12 +16,14 @@ def create_app_role(role: str) -> None:
 
 
 class Command(BaseCommand):
-    help = ("Create an application role without UPDATE/DELETE/TRUNCATE on the audit tables "
-            "(runs ledger/sql/app_role.sql; rerun after migrations).")
+    help = ("Create an application role with only the rights the application uses: no "
+            "UPDATE/DELETE on the audit tables, no TRUNCATE, no TRIGGER, no DDL (runs "
+            "ledger/sql/app_role.sql; rerun after migrations).")
 
     def add_arguments(self, parser):
         parser.add_argument("--role", default="ledger_app")
 
     def handle(self, *args, role, **options):
         create_app_role(role)
-        self.stdout.write(f"role {role} has no UPDATE, DELETE or TRUNCATE on the audit tables")
+        self.stdout.write(f"role {role} has only the rights the application uses "
+                          "(ledger/sql/app_role.sql)")
