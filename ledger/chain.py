@@ -182,7 +182,8 @@ def operation_event_payload(event) -> dict[str, Any]:
         "fencing_token": event.fencing_token,
         "created_at": timestamp(event.created_at),
     }
-    if event.chain_format >= 2:
+    # getattr: migration 0004 chained the events of its day with this, before the column.
+    if getattr(event, "chain_format", 1) >= 2:
         payload.update(chain_format=event.chain_format, external_id=event.external_id,
                        evidence_seal=event.evidence_seal)
     return payload

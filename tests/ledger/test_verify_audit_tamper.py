@@ -94,6 +94,17 @@ def test_an_untampered_trail_passes_exports_its_heads_and_extends_them(tmp_path)
         4, 1)
 
 
+@pytest.mark.django_db
+def test_sealed_evidence_with_numbers_jsonb_rewrites_still_verifies():
+    op = OperationFactory(state=State.RECONCILING)
+    row = add_evidence(op, verdict="found", to_state=State.SUCCEEDED, detail="ok\r\nü",
+                       query={"tuple": (1, 2), "nested": {"b": [0.1, 2 ** 70], "a": None}},
+                       observed={"big": 1e20, "odd": 1.2345e21, "zero": -0.0, "small": 1e-7})
+    assert OperationEvent.objects.get(evidence_seal__id=row.pk).operation_id == op.pk
+    result = chain.verify(actor="test")
+    assert result.is_intact, result.first_break
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_redacted_evidence_row_still_verifies_but_not_once_rewritten():
     retention.set_policy("*", purge_after_days=30, redact_after_days=10,
