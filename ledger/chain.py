@@ -12,11 +12,29 @@ A chain is registered in `CHAINS` with the model that carries it and the functio
 rebuilds a row's payload; `verify` walks every registered chain. Operation events are the
 first; human decisions on facts register the same way. A purge that deletes links writes a
 `ChainAnchor` (seq, hash) for the last deleted link of each gap, so the rest still verifies.
+
+What an operation event's link covers has a format (`OperationEvent.chain_format`):
+format 1 the transition alone; format 2 (`CURRENT_FORMAT`, every event written since) also
+the operation's `external_id` after the move and the seal of the `Evidence` row the
+reconciler wrote with it (`evidence_seal`: the row's digest, so the row itself cannot be
+rewritten unseen; retention's redaction of its payloads is accounted for). Old events keep
+verifying the way they were written.
+
+`verify` checks, besides every link:
+- the chain heads recorded by earlier intact verifications, and any heads the caller
+  expects (`manage.py verify_audit --expect-head FILE`, kept where the database owner
+  cannot reach them): a chain shorter than recorded, or whose link at a recorded seq has
+  another hash, was truncated or rewritten;
+- every Evidence row against the event that sealed it (format 2), or, written before
+  format 2, its verdict against the reconciler's event; a row no event accounts for, or a
+  sealed row that is gone, is a break;
+- every operation row's state, version and (format 2) external_id against its last event.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,8 +48,11 @@ from django.utils import timezone
 
 from ledger.canonical import canonical_json
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
+from ledger.states import ActorKind
 
 GENESIS = "0" * 64
+# The format every operation event is written in now (see the module's docstring).
+CURRENT_FORMAT = 2
 
 
 def hash_sql(body: str, prev: str, seq: str) -> str:
@@ -146,8 +167,8 @@ def _event_rows():
 
 
 def operation_event_payload(event) -> dict[str, Any]:
-    """The content of one OperationEvent that its chain hash covers."""
-    return {
+    """The content of one OperationEvent that its chain hash covers, by its chain_format."""
+    payload = {
         "kind": "operation_event",
         "tenant": event.tenant,
         "operation": event.operation_ref,
@@ -161,6 +182,71 @@ def operation_event_payload(event) -> dict[str, Any]:
         "fencing_token": event.fencing_token,
         "created_at": timestamp(event.created_at),
     }
+    # getattr: migration 0004 chained the events of its day with this, before the column.
+    if getattr(event, "chain_format", 1) >= 2:
+        payload.update(chain_format=event.chain_format, external_id=event.external_id,
+                       evidence_seal=event.evidence_seal)
+    return payload
+
+
+# --- evidence seals -----------------------------------------------------------------------
+#
+# An Evidence row is written with the reconciler's event, in one transaction; the event
+# (format 2) carries its seal: {"id": <row id>, "payloads": {"query", "observed", "detail":
+# sha256 of each}, "digest": sha256 over every other column and those payload digests}.
+# Retention may later replace the payloads by its marker (`ledger.retention`): the digest
+# still verifies from the payload digests the seal kept.
+
+_PAYLOADS = ("query", "observed", "detail")
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _payload_digest(value: Any) -> str:
+    if isinstance(value, str):
+        return _sha256(value)
+    # As jsonb reads it back: the same canonical text when the row is verified.
+    return _sha256(canonical_json(normalize(json.loads(json.dumps(value)))))
+
+
+def _evidence_digest(row, payloads: dict[str, str]) -> str:
+    return _sha256(canonical_json({
+        "id": row.pk,
+        "operation": row.operation_id,
+        "reconciler": row.reconciler,
+        "verdict": row.verdict,
+        "matched_by": row.matched_by,
+        "created_at": timestamp(row.created_at),
+        "payloads": payloads,
+    }))
+
+
+def evidence_seal(row) -> dict[str, Any]:
+    """The seal an operation event carries of the Evidence `row` written with it."""
+    payloads = {name: _payload_digest(getattr(row, name)) for name in _PAYLOADS}
+    return {"id": row.pk, "digest": _evidence_digest(row, payloads), "payloads": payloads}
+
+
+def _unseal(row, seal: dict[str, Any]) -> tuple[str, str] | None:
+    """None if the Evidence `row` is what `seal` sealed; else (expected, found) to report."""
+    if row.redacted_at is None:
+        payloads = {name: _payload_digest(getattr(row, name)) for name in _PAYLOADS}
+    else:
+        from ledger.retention import REDACTED_PAYLOAD
+
+        held = {"query": row.query, "observed": row.observed, "detail": row.detail}
+        marker = {"query": REDACTED_PAYLOAD, "observed": REDACTED_PAYLOAD, "detail": ""}
+        if held != marker or row.operation_redacted_at is None:
+            return (f"a redacted row of a redacted operation holding {canonical_json(marker)}",
+                    f"{canonical_json(held)} (operation redacted_at "
+                    f"{row.operation_redacted_at})")
+        payloads = seal.get("payloads") or {}
+    digest = _evidence_digest(row, payloads)
+    if digest != seal.get("digest"):
+        return str(seal.get("digest")), digest
+    return None
 
 
 OPERATION_EVENTS = register(
@@ -223,6 +309,15 @@ class Break:
                 **self.ids}
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A head some earlier look saw: the chain must still hold this hash at this seq."""
+
+    seq: int
+    hash: str
+    source: str  # who recorded it, for the message: a verification, an exported file
+
+
 @dataclass
 class Verification:
     record: AuditVerification
@@ -233,45 +328,92 @@ class Verification:
         return self.first_break is None
 
 
-def verify(*, actor: str, progress: Callable[[str], None] | None = None) -> Verification:
-    """Walk every chain of every tenant; record and return the first broken link, if any.
+def verify(
+    *,
+    actor: str,
+    progress: Callable[[str], None] | None = None,
+    expected_heads: dict[tuple[str, str], Checkpoint] | None = None,
+) -> Verification:
+    """Walk every chain of every tenant; record and return the first break, if any.
 
     A link is broken when its stored hash differs from the hash rebuilt from its row and
     the previous link (an event or, after a purge, an anchor), when a seq has neither an
-    event nor an anchor before it, or when the chain head is not the last link. Never
-    changes a chained row.
+    event nor an anchor before it, or when the chain head is not the last link. A chain is
+    truncated or rewritten when it no longer extends a head an earlier intact verification
+    recorded, or one of `expected_heads` ((chain, tenant) -> Checkpoint, e.g. from
+    `read_heads`). Then every Evidence row and every operation row is checked against its
+    events (see the module's docstring). Never changes a chained row.
     """
     started = timezone.now()
-    checked = 0
-    first_break: Break | None = None
-    heads = []
+    recorded = _recorded_heads()
+    expected = expected_heads or {}
+    book = _SealBook()
+    breaks: dict[tuple[str, str], Break] = {}  # the first per chain and tenant
+    heads: dict[tuple[str, str], dict[str, Any]] = {}
     for head in ChainHead.objects.order_by("chain", "tenant"):
         spec = CHAINS.get(head.chain)
         if spec is None:
             continue
-        count, found = _verify_one(spec, head)
-        checked += count
-        heads.append({"chain": head.chain, "tenant": head.tenant, "seq": head.seq,
-                      "hash": head.hash, "links_checked": count, "is_intact": found is None})
+        key = (head.chain, head.tenant)
+        checkpoints = [cp for cp in (recorded.get(key), expected.get(key)) if cp is not None]
+        visit = book.visit if spec is OPERATION_EVENTS else None
+        count, found = _verify_one(spec, head, checkpoints, visit)
+        heads[key] = {"chain": head.chain, "tenant": head.tenant, "seq": head.seq,
+                      "hash": head.hash, "links_checked": count}
+        if found is not None:
+            breaks.setdefault(key, found)
         if progress:
             progress(f"{head.chain}/{head.tenant}: {count} links, "
                      f"{'intact' if found is None else 'BROKEN'}")
-        if found is not None and first_break is None:
-            first_break = found
+    for key in sorted({*recorded, *expected} - heads.keys()):
+        if key[0] not in CHAINS:
+            continue
+        checkpoint = expected.get(key) or recorded[key]
+        heads[key] = {"chain": key[0], "tenant": key[1], "seq": 0, "hash": "",
+                      "links_checked": 0}
+        breaks.setdefault(key, Break(
+            key[0], key[1], checkpoint.seq, expected=f"{checkpoint.seq}:{checkpoint.hash}",
+            found="no chain head", ids={},
+            message=f"the chain {checkpoint.source} recorded is gone: its head row is missing",
+        ))
+    order = list(heads)
+    for tenant, counts, found in (*_check_evidence(book), *_check_operations()):
+        key = (OPERATION_EVENTS.name, tenant)
+        if key not in heads:  # rows of a tenant whose chain is gone entirely
+            heads[key] = {"chain": key[0], "tenant": tenant, "seq": 0, "hash": "",
+                          "links_checked": 0}
+            order.append(key)
+        for name, count in counts.items():
+            heads[key][name] = heads[key].get(name, 0) + count
+        if found is not None:
+            breaks.setdefault(key, found)
+    for key in order:
+        heads[key]["is_intact"] = key not in breaks
+    first_break = next((breaks[key] for key in order if key in breaks), None)
     with transaction.atomic(durable=True):
         record = AuditVerification.objects.create(
             actor=actor[:200], started_at=started, finished_at=timezone.now(),
-            links_checked=checked, is_intact=first_break is None,
-            first_break=first_break.as_dict() if first_break else None, heads=heads,
+            links_checked=sum(head["links_checked"] for head in heads.values()),
+            is_intact=first_break is None,
+            first_break=first_break.as_dict() if first_break else None,
+            heads=[heads[key] for key in order],
         )
     return Verification(record=record, first_break=first_break)
 
 
-def _verify_one(spec: ChainSpec, head: ChainHead) -> tuple[int, Break | None]:
+def _verify_one(
+    spec: ChainSpec,
+    head: ChainHead,
+    checkpoints: list[Checkpoint] = (),
+    visit: Callable[[Model], None] | None = None,
+) -> tuple[int, Break | None]:
     anchors = dict(
         ChainAnchor.objects.filter(chain=spec.name, tenant=head.tenant)
         .values_list("seq", "hash")
     )
+    due: dict[int, list[Checkpoint]] = {}
+    for checkpoint in checkpoints:
+        due.setdefault(checkpoint.seq, []).append(checkpoint)
     prev_seq, prev_hash = 0, GENESIS
     checked = 0
     for row in _rows_in_order(spec, head.tenant):
@@ -293,25 +435,292 @@ def _verify_one(spec: ChainSpec, head: ChainHead) -> tuple[int, Break | None]:
                 message="the stored hash does not match the row and the previous link",
                 ids=spec.describe(row),
             )
+        for checkpoint in due.pop(seq, ()):
+            if checkpoint.hash != stored:
+                return checked, Break(
+                    spec.name, head.tenant, seq, expected=checkpoint.hash, found=stored,
+                    message=f"the link at seq {seq} is not the one {checkpoint.source} "
+                            "recorded: the chain was rewritten from there",
+                    ids=spec.describe(row),
+                )
+        if visit is not None:
+            visit(row)
         prev_seq, prev_hash = seq, stored
+    found = _head_break(spec, head, anchors, prev_seq, prev_hash)
+    return checked, found or _checkpoint_break(spec, head, anchors, due)
+
+
+def _head_break(spec, head, anchors, prev_seq, prev_hash) -> Break | None:
     if head.seq != prev_seq:
         if head.seq in anchors and anchors[head.seq] == head.hash and head.seq > prev_seq:
-            return checked, None
-        return checked, Break(
+            return None
+        return Break(
             spec.name, head.tenant, head.seq, expected=f"{head.seq}:{head.hash}",
             found=f"{prev_seq}:{prev_hash}",
             message="the chain head is not the last link: links after it are missing",
             ids={},
         )
     if head.hash != prev_hash:
-        return checked, Break(
+        return Break(
             spec.name, head.tenant, head.seq, expected=head.hash, found=prev_hash,
             message="the last link's hash differs from the chain head", ids={},
         )
-    return checked, None
+    return None
+
+
+def _checkpoint_break(spec, head, anchors, due) -> Break | None:
+    """The recorded heads the walk did not meet: beyond the head (truncated), or purged."""
+    for seq in sorted(due):
+        for checkpoint in due[seq]:
+            if seq > head.seq:
+                return Break(
+                    spec.name, head.tenant, seq, expected=f"{seq}:{checkpoint.hash}",
+                    found=f"{head.seq}:{head.hash}",
+                    message=f"the chain is shorter than {checkpoint.source} recorded: its "
+                            f"head went back from seq {seq} to {head.seq}, the links after "
+                            "it are gone",
+                    ids={},
+                )
+            if seq in anchors and anchors[seq] != checkpoint.hash:
+                return Break(
+                    spec.name, head.tenant, seq, expected=checkpoint.hash, found=anchors[seq],
+                    message=f"the purge anchor at seq {seq} is not the link "
+                            f"{checkpoint.source} recorded",
+                    ids={},
+                )
+            # Otherwise the link lies in a stretch the purge removed: nothing left to compare.
+    return None
 
 
 def _rows_in_order(spec: ChainSpec, tenant: str) -> Iterator[Model]:
     return (
         spec.rows().filter(tenant=tenant).order_by(spec.seq_field).iterator(chunk_size=2000)
     )
+
+
+# --- the heads earlier looks saw -----------------------------------------------------------
+
+_RECORDED_HEADS = """
+    SELECT DISTINCT ON (h.value->>'chain', h.value->>'tenant')
+           h.value->>'chain', h.value->>'tenant', (h.value->>'seq')::bigint, h.value->>'hash',
+           v.id, v.finished_at, v.actor
+      FROM ledger_auditverification v CROSS JOIN LATERAL jsonb_array_elements(v.heads) h
+     WHERE jsonb_typeof(v.heads) = 'array' AND h.value->>'is_intact' = 'true'
+       AND (h.value->>'seq')::bigint > 0
+     ORDER BY h.value->>'chain', h.value->>'tenant', (h.value->>'seq')::bigint DESC, v.id DESC
+"""
+
+
+def _recorded_heads() -> dict[tuple[str, str], Checkpoint]:
+    """Per chain and tenant, the longest head an earlier verification found intact."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RECORDED_HEADS)
+        return {
+            (chain, tenant): Checkpoint(
+                seq=seq, hash=digest,
+                source=f"verification {pk} ({finished:%Y-%m-%d %H:%M:%S} UTC, {actor})",
+            )
+            for chain, tenant, seq, digest, pk, finished, actor in cursor.fetchall()
+        }
+
+
+def export_heads(record: AuditVerification) -> dict[str, Any]:
+    """The heads `record` verified, as `manage.py verify_audit --export-head` writes them:
+    {"heads": {chain: {tenant: {"seq": n, "hash": h}}}}, with when and which verification."""
+    heads: dict[str, dict[str, dict[str, Any]]] = {}
+    for head in record.heads:
+        if head.get("seq"):
+            heads.setdefault(head["chain"], {})[head["tenant"]] = {
+                "seq": head["seq"], "hash": head["hash"]}
+    return {"verification": record.pk, "verified_at": timestamp(record.finished_at),
+            "heads": heads}
+
+
+def read_heads(text: str, *, source: str) -> dict[tuple[str, str], Checkpoint]:
+    """The heads of an `export_heads` document (`text`), as checkpoints named `source`.
+
+    Raises ValueError saying what was expected and what was found.
+    """
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"expected {source} to hold JSON, found {exc}") from None
+    heads = document.get("heads") if isinstance(document, dict) else None
+    if not isinstance(heads, dict):
+        raise ValueError(f"expected {source} to be an object with \"heads\": "
+                         f"{{chain: {{tenant: {{\"seq\", \"hash\"}}}}}}, found "
+                         f"{canonical_json(document)[:200]}")
+    found: dict[tuple[str, str], Checkpoint] = {}
+    for chain_name, tenants in heads.items():
+        if not isinstance(tenants, dict):
+            raise ValueError(f"expected heads.{chain_name} in {source} to map tenants to "
+                             f"heads, found {canonical_json(tenants)[:200]}")
+        for tenant, head in tenants.items():
+            seq = head.get("seq") if isinstance(head, dict) else None
+            digest = head.get("hash") if isinstance(head, dict) else None
+            if (not isinstance(seq, int) or isinstance(seq, bool) or seq < 1
+                    or not isinstance(digest, str) or len(digest) != 64):
+                raise ValueError(
+                    f"expected heads.{chain_name}.{tenant} in {source} to be {{\"seq\": a "
+                    f"positive integer, \"hash\": 64 hex digits}}, found "
+                    f"{canonical_json(head)[:200]}")
+            found[(chain_name, tenant)] = Checkpoint(seq=seq, hash=digest, source=source)
+    return found
+
+
+# --- evidence and operation rows against their events --------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sealed:
+    event_id: int
+    operation_id: int
+    operation_ref: str
+    tenant: str
+    seq: int
+    seal: dict[str, Any]
+
+
+class _SealBook:
+    """What the walk of operation events saw that vouches for Evidence rows."""
+
+    def __init__(self):
+        self.seals: dict[int, _Sealed] = {}
+        # Format 1 reconciler events: (verdict, matched_by) of the row written with each.
+        self.unsealed: dict[int, list[tuple[str, str]]] = {}
+
+    def visit(self, event) -> None:
+        if event.chain_format >= 2:
+            if isinstance(event.evidence_seal, dict) and "id" in event.evidence_seal:
+                self.seals[event.evidence_seal["id"]] = _Sealed(
+                    event.pk, event.operation_id, event.operation_ref, event.tenant,
+                    event.chain_seq, event.evidence_seal)
+        elif (event.actor_kind == ActorKind.RECONCILER and isinstance(event.evidence, dict)
+              and "verdict" in event.evidence):
+            self.unsealed.setdefault(event.operation_id, []).append(
+                (event.evidence.get("verdict"), event.evidence.get("matched_by") or ""))
+
+
+def _check_evidence(book: _SealBook) -> Iterator[tuple[str, dict[str, int], Break | None]]:
+    """Per tenant: (tenant, counts, first break) of its Evidence rows against the events."""
+    from django.db.models import F
+
+    from ledger.models import Evidence
+
+    counts: dict[str, dict[str, int]] = {}
+    breaks: dict[str, Break] = {}
+    rows = Evidence.objects.annotate(
+        tenant=F("operation__tenant"), operation_ref=F("operation__operation_id"),
+        operation_redacted_at=F("operation__redacted_at"),
+    ).order_by("id")
+    for row in rows.iterator(chunk_size=2000):
+        tally = counts.setdefault(row.tenant, {"evidence_checked": 0, "evidence_before_seals": 0})
+        tally["evidence_checked"] += 1
+        sealed = book.seals.pop(row.pk, None)
+        ids = {"evidence_id": row.pk, "operation_id": row.operation_ref}
+        if sealed is not None:
+            ids["event_id"] = sealed.event_id
+            if sealed.operation_id != row.operation_id:
+                breaks.setdefault(row.tenant, Break(
+                    OPERATION_EVENTS.name, row.tenant, sealed.seq,
+                    expected=f"operation {sealed.operation_ref}",
+                    found=f"operation {row.operation_ref}", ids=ids,
+                    message="the evidence row was moved to another operation than the one "
+                            "whose event sealed it"))
+                continue
+            mismatch = _unseal(row, sealed.seal)
+            if mismatch is not None:
+                breaks.setdefault(row.tenant, Break(
+                    OPERATION_EVENTS.name, row.tenant, sealed.seq, expected=mismatch[0],
+                    found=mismatch[1], ids=ids,
+                    message="the evidence row differs from the seal its event carries: it "
+                            "was rewritten out of band"))
+            continue
+        # Written before seals: the reconciler's event of that time names its verdict.
+        pending = book.unsealed.get(row.operation_id, [])
+        if (row.verdict, row.matched_by) in pending:
+            pending.remove((row.verdict, row.matched_by))
+            tally["evidence_before_seals"] += 1
+            continue
+        breaks.setdefault(row.tenant, Break(
+            OPERATION_EVENTS.name, row.tenant, 0,
+            expected=f"an event of operation {row.operation_ref} sealing evidence row "
+                     f"{row.pk} (or, before seals, a reconciler event with verdict "
+                     f"{row.verdict!r})",
+            found="none", ids=ids,
+            message="no event accounts for the evidence row: it was inserted out of band"))
+    for sealed in sorted(book.seals.values(), key=lambda s: (s.tenant, s.seq)):
+        counts.setdefault(sealed.tenant, {"evidence_checked": 0, "evidence_before_seals": 0})
+        breaks.setdefault(sealed.tenant, Break(
+            OPERATION_EVENTS.name, sealed.tenant, sealed.seq,
+            expected=f"evidence row {sealed.seal['id']}", found="none",
+            ids={"evidence_id": sealed.seal["id"], "operation_id": sealed.operation_ref,
+                 "event_id": sealed.event_id},
+            message="the evidence row this event sealed is gone: it was deleted out of band"))
+    for tenant in sorted(counts.keys() | breaks.keys()):
+        yield tenant, counts.get(tenant, {}), breaks.get(tenant)
+
+
+# Each operation against its last event: one pass, the first mismatch per tenant.
+_LAST_EVENTS = """
+    WITH last AS (
+        SELECT o.id, o.tenant, e.chain_format,
+               e.id IS NULL OR o.state <> e.to_state OR o.version <> e.version
+               OR (e.chain_format >= 2 AND o.external_id <> e.external_id) AS differs
+          FROM ledger_operation o
+          LEFT JOIN LATERAL (
+              SELECT id, to_state, version, chain_format, external_id
+                FROM ledger_operationevent WHERE operation_id = o.id
+               ORDER BY version DESC LIMIT 1) e ON true
+    )
+    SELECT tenant, count(*), count(*) FILTER (WHERE chain_format < 2),
+           min(id) FILTER (WHERE differs)
+      FROM last GROUP BY tenant ORDER BY tenant
+"""
+
+_ONE_LAST_EVENT = """
+    SELECT o.operation_id, o.state, o.version, o.external_id,
+           e.id, e.chain_seq, e.to_state, e.version, e.chain_format, e.external_id
+      FROM ledger_operation o
+      LEFT JOIN LATERAL (
+          SELECT * FROM ledger_operationevent WHERE operation_id = o.id
+           ORDER BY version DESC LIMIT 1) e ON true
+     WHERE o.id = %s
+"""
+
+
+def _check_operations() -> Iterator[tuple[str, dict[str, int], Break | None]]:
+    """Per tenant: (tenant, counts, first break) of its operation rows against their last
+    events: state and version always, external_id when that event is format 2."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LAST_EVENTS)
+        tenants = cursor.fetchall()
+        for tenant, operations, before_format_2, differing in tenants:
+            counts = {"operations_checked": operations,
+                      "operations_external_id_unchecked": before_format_2}
+            if differing is None:
+                yield tenant, counts, None
+                continue
+            cursor.execute(_ONE_LAST_EVENT, [differing])
+            (operation_ref, state, version, external_id, event_id, seq, to_state,
+             event_version, chain_format, event_external_id) = cursor.fetchone()
+            ids = {"operation_id": operation_ref}
+            if event_id is None:
+                yield tenant, counts, Break(
+                    OPERATION_EVENTS.name, tenant, 0, expected="an event recording it",
+                    found=f"none (state {state}, version {version})", ids=ids,
+                    message="the operation has no event: it was inserted out of band")
+                continue
+            ids["event_id"] = event_id
+            with_id = chain_format >= 2
+            yield tenant, counts, Break(
+                OPERATION_EVENTS.name, tenant, seq,
+                expected=_row_state(to_state, event_version, event_external_id, with_id),
+                found=_row_state(state, version, external_id, with_id), ids=ids,
+                message="the operation row differs from its last event: it was changed "
+                        "out of band")
+
+
+def _row_state(state: str, version: int, external_id: str, with_id: bool) -> str:
+    text = f"state {state}, version {version}"
+    return text + (f", external_id {external_id!r}" if with_id else "")

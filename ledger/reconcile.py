@@ -417,7 +417,7 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
         # Lock the row before the lease, in the order claims take them (no deadlock).
         with prepared_cursor() as cursor:
             cursor.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE", [op.pk])
-        Evidence.objects.create(
+        evidence_row = Evidence.objects.create(
             operation=op, reconciler=outcome.reconciler[:200], query=outcome.query,
             observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
             detail=outcome.detail, created_at=now,
@@ -430,6 +430,7 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
             reason=reason, expected_version=claim.version, changes=changes,
             evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
                       "matched_by": outcome.matched_by},
+            evidence_row=evidence_row,  # the event seals it: verify_audit checks the row
         )
     return op
 

@@ -53,7 +53,7 @@ from ledger import chain, leases, states
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
 from ledger.inputs import check_user
-from ledger.models import Operation, OperationEvent
+from ledger.models import Evidence, Operation, OperationEvent
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
 
@@ -69,7 +69,7 @@ def record(op: Operation, *, actor: str = "") -> bool:
     """
     event = _event(op, from_state="", to_state=State.PLANNED, version=1,
                    actor_kind=ActorKind.AGENT, actor_id=actor, reason="intent recorded",
-                   now=op.created_at)
+                   now=op.created_at, external_id=op.external_id)
     values = _db_values({field.attname: getattr(op, field.attname) for field in _INSERTED})
     with prepared_cursor() as cursor:
         cursor.execute(INSERT_OPERATION, {**values, **event})
@@ -153,13 +153,16 @@ def by_reconciler(
     expected_version: int | None = None,
     changes: Mapping[str, Any] | None = None,
     evidence: Any = None,
+    evidence_row: Evidence | None = None,
 ) -> Operation:
     """A reconciler's claim or verdict, fenced by its lease `resource` (in the caller's
-    transaction); a human decision is refused."""
+    transaction); a human decision is refused. `evidence_row`, the Evidence row the caller
+    wrote in this transaction, is sealed by the event (`ledger.chain.evidence_seal`)."""
     _refuse_human_decision(op, to_state, found=f"reconciler {worker} trying to")
     return _apply(op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=worker,
                   reason=reason, fencing_token=token, fencing_resource=resource,
-                  expected_version=expected_version, changes=changes, evidence=evidence)
+                  expected_version=expected_version, changes=changes, evidence=evidence,
+                  evidence_row=evidence_row)
 
 
 def by_sweep(op: Operation, *, reason: str, evidence: Any) -> Operation:
@@ -234,6 +237,7 @@ def _apply(
     fencing_resource: str | None = None,
     fenced: bool = False,
     decided_by: int | None = None,
+    evidence_row: Evidence | None = None,
 ) -> Operation:
     """Move `op` to `to_state` inside the caller's transaction; updates `op` in place.
 
@@ -275,10 +279,17 @@ def _apply(
 
     # 3. Build the event, and the row's new values.
     now = timezone.now()
+    fields: dict[str, Any] = dict(changes or {})
+    if evidence_row is not None and evidence_row.operation_id != op.pk:
+        raise InvalidInput(
+            f"expected evidence of operation {op.operation_id} to seal, found evidence row "
+            f"{evidence_row.pk} of operation pk {evidence_row.operation_id}"
+        )
     event = _event(op, from_state=from_state, to_state=to_state, version=version + 1,
                    actor_kind=actor_kind, actor_id=actor_id, reason=reason, evidence=evidence,
-                   fencing_token=fencing_token, decided_by=decided_by, now=now)
-    fields: dict[str, Any] = dict(changes or {})
+                   fencing_token=fencing_token, decided_by=decided_by, now=now,
+                   external_id=fields.get("external_id", op.external_id),
+                   evidence_row=evidence_row)
     fields.update(state=to_state, version=version + 1, state_changed_at=now)
     if to_state in states.TERMINAL:
         fields["completed_at"] = now
@@ -318,8 +329,12 @@ def _event(
     fencing_token: int | None = None,
     decided_by: int | None = None,
     now: datetime,
+    external_id: str = "",
+    evidence_row: Evidence | None = None,
 ) -> dict[str, Any]:
-    """The event's parameters of the statements below, with the body its chain link covers.
+    """The event's parameters of the statements below, with the body its chain link covers
+    (`chain.CURRENT_FORMAT`: the operation's `external_id` after the move, which the
+    statement also sets on the row, and the seal of `evidence_row`).
 
     Evidence and reasons are agent- or person-written: secrets are masked before storage.
     """
@@ -328,16 +343,21 @@ def _event(
         evidence = chain.normalize(redact(evidence))
     actor_id = (actor_id or "")[:200]
     reason = scrub_text(reason or "")
+    external_id = external_id or ""
+    seal = chain.evidence_seal(evidence_row) if evidence_row is not None else None
     payload = chain.operation_event_payload(SimpleNamespace(
         tenant=op.tenant, operation_ref=op.operation_id, version=version,
         from_state=from_state, to_state=to_state, actor_kind=actor_kind, actor_id=actor_id,
         reason=reason, evidence=evidence, fencing_token=fencing_token, created_at=now,
+        chain_format=chain.CURRENT_FORMAT, external_id=external_id, evidence_seal=seal,
     ))
     return {
         "from_state": from_state, "to_state": to_state, "to_version": version,
         "actor_kind": actor_kind, "actor_id": actor_id, "reason": reason,
         "evidence": _EVIDENCE.get_db_prep_save(evidence, connection),
         "fencing_token": fencing_token, "decided_by": decided_by, "now": now,
+        "chain_format": chain.CURRENT_FORMAT, "event_external_id": external_id,
+        "evidence_seal": _SEAL.get_db_prep_save(seal, connection),
         "link_body": chain.link_body(payload),
     }
 
@@ -351,8 +371,10 @@ def _db_values(values: Mapping[str, Any]) -> dict[str, Any]:
 _FIELD_BY_ATTNAME = {field.attname: field for field in Operation._meta.concrete_fields}
 _INSERTED = [field for field in Operation._meta.concrete_fields if not field.primary_key]
 _EVIDENCE = OperationEvent._meta.get_field("evidence")
-# Set by every change, in the statement's text; `conflict` has its own clause.
-_ALWAYS_SET = frozenset({"state", "version", "state_changed_at", "conflict"})
+_SEAL = OperationEvent._meta.get_field("evidence_seal")
+# Set by every change, in the statement's text; `conflict` has its own clause, and
+# `external_id` is set to what the event records (the chain covers it).
+_ALWAYS_SET = frozenset({"state", "version", "state_changed_at", "conflict", "external_id"})
 
 
 # How the event trigger's refusal of an unfenced change begins (ledger.models.operations).
@@ -382,10 +404,11 @@ event AS (
     INSERT INTO ledger_operationevent
            (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
             actor_kind, actor_id, reason, evidence, fencing_token, decided_by_id,
-            created_at)
+            created_at, chain_format, external_id, evidence_seal)
     SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
            %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
-           %(evidence)s, %(fencing_token)s, %(decided_by)s, %(now)s
+           %(evidence)s, %(fencing_token)s, %(decided_by)s, %(now)s,
+           %(chain_format)s, %(event_external_id)s, %(evidence_seal)s
       FROM changed, linked
     RETURNING operation_id
 )
@@ -400,13 +423,15 @@ event AS (
 #               parameter, whatever plan PostgreSQL picks);
 #   linked      the next link of the tenant's chain of operation events (ledger.chain): the
 #               head row stays locked to the commit, so one tenant's writers take turns;
-#   event       the OperationEvent, carrying its link.
+#   event       the OperationEvent, carrying its link, the external_id `changed` set (what
+#               the link covers, so verify_audit can hold the row to its last event) and
+#               the seal of the Evidence row written in the same transaction, if any.
 # `{also_set}` stands for the other columns the change sets (`_change_operation`).
 CHANGE_OPERATION = _compact(f"""
 WITH changed AS (
     UPDATE ledger_operation
        SET state = %(to_state)s, version = %(to_version)s, state_changed_at = %(now)s,
-           conflict = CASE
+           external_id = %(event_external_id)s, conflict = CASE
                WHEN %(to_state)s::varchar = '{State.SUCCEEDED}' AND EXISTS (
                    SELECT 1 FROM ledger_operation twin
                     WHERE twin.tenant = ledger_operation.tenant

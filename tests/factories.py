@@ -118,10 +118,12 @@ def add_evidence(
     matched_by: str = "",
     detail: str = "",
 ):
-    """What a reconciler would write: an optional transition plus one Evidence row.
+    """What a reconciler would write: one Evidence row and an optional transition.
 
     Both in one transaction, through `transitions._apply` (the reconciler's own API, with
-    its claim and lease, is not needed to set up a review-desk test). Returns the Evidence.
+    its claim and lease, is not needed to set up a review-desk test); the transition's
+    event seals the row, as `reconcile.settle` does. Without `to_state` the row has no
+    event (verify_audit reports such a row). Returns the Evidence.
     """
     from django.utils import timezone
 
@@ -130,19 +132,20 @@ def add_evidence(
 
     observed = {} if observed is None else observed
     with transaction.atomic():
-        if to_state is not None:
-            conflict = conflict_for(verdict, observed)
-            transitions._apply(
-                op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
-                reason=f"verdict {verdict}", evidence={"verdict": verdict},
-                changes={"conflict": conflict} if conflict else None,
-            )
-        return Evidence.objects.create(
+        row = Evidence.objects.create(
             operation=op, reconciler=reconciler, query=query or {"idempotency_key":
                                                                   op.idempotency_key},
             observed=observed, verdict=verdict, matched_by=matched_by, detail=detail,
             created_at=timezone.now(),
         )
+        if to_state is not None:
+            conflict = conflict_for(verdict, observed)
+            transitions._apply(
+                op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
+                reason=f"verdict {verdict}", evidence={"verdict": verdict},
+                changes={"conflict": conflict} if conflict else None, evidence_row=row,
+            )
+        return row
 
 
 def ensure_roles() -> None:

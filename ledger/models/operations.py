@@ -334,6 +334,12 @@ class OperationEvent(models.Model):
     # Tamper evidence (ledger.chain): position in the tenant's chain and the link's hash.
     chain_seq = models.BigIntegerField()
     chain_hash = models.CharField(max_length=64)
+    # What the link's hash covers besides the transition (ledger.chain.FORMATS): 1, events
+    # written before format 2, cover the transition alone; 2 also the operation's
+    # external_id after the move and the seal of the Evidence row written with it.
+    chain_format = models.PositiveSmallIntegerField(default=1, db_default=1)
+    external_id = models.CharField(max_length=500, blank=True, default="", db_default="")
+    evidence_seal = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -229,6 +229,8 @@ class AuditVerification(models.Model):
     links_checked = models.PositiveBigIntegerField()
     is_intact = models.BooleanField()
     first_break = models.JSONField(null=True, blank=True)
+    # Per chain and tenant: seq, hash, links_checked, is_intact, and for operation events
+    # the operations and evidence rows checked against them (ledger.chain.verify).
     heads = models.JSONField(default=list)
 
     class Meta:

@@ -115,6 +115,9 @@ class VisibleAuditStatus:
     links_checked: int
     is_intact: bool | None
     first_break: dict[str, Any] | None
+    # The operation and evidence rows that verification held to their events.
+    operations_checked: int = 0
+    evidence_checked: int = 0
 
 
 def audit_status_for(user) -> VisibleAuditStatus:
@@ -149,4 +152,6 @@ def audit_status_for(user) -> VisibleAuditStatus:
         links_checked=sum(h.get("links_checked", 0) for h in checked.values()),
         is_intact=all(h.get("is_intact", True) for h in checked.values()),
         first_break=first_break,
+        operations_checked=sum(h.get("operations_checked", 0) for h in checked.values()),
+        evidence_checked=sum(h.get("evidence_checked", 0) for h in checked.values()),
     )

@@ -20,6 +20,7 @@ from ledger.models import (
 )
 from ledger.selectors import retention as retention_reads
 from ledger.states import State
+from tests import factories
 from tests.factories import OperationFactory
 from tests.support.retention import complete_days_ago
 
@@ -196,19 +197,20 @@ def test_preview_counts_per_policy_match_what_the_purge_then_does(admin_user):
 # --- redaction --------------------------------------------------------------------------
 
 
-def add_evidence(op, **observed):
-    return Evidence.objects.create(
-        operation=op, reconciler="articles", query={"q": "title:Secret plan"},
-        observed=observed or {"title": "Secret plan"}, verdict="found", detail="matched title",
-        created_at=timezone.now(),
+def add_evidence(op, to_state=None, **observed):
+    """The reconciler's evidence on `op`; with `to_state`, sealed by the verdict's event."""
+    return factories.add_evidence(
+        op, verdict="found", to_state=to_state, reconciler="articles",
+        query={"q": "title:Secret plan"}, observed=observed or {"title": "Secret plan"},
+        detail="matched title",
     )
 
 
 @pytest.mark.django_db
 def test_redaction_keeps_fingerprint_ids_and_states_removes_payloads_and_is_audited(admin_user):
     retention.set_policy("*", purge_after_days=30, redact_after_days=10, user=admin_user)
-    op = OperationFactory(state=State.SUCCEEDED, intent={"title": "Secret plan", "body": "x"})
-    add_evidence(op)
+    op = OperationFactory(state=State.RECONCILING, intent={"title": "Secret plan", "body": "x"})
+    add_evidence(op, to_state=State.SUCCEEDED)  # sealed by its event: verify_audit holds it
     complete_days_ago(op, 11)
     before = Operation.objects.get(pk=op.pk)
     events_before = list(OperationEvent.objects.filter(operation=op).values())

@@ -1,7 +1,10 @@
-"""manage.py verify_audit: walk every hash chain and name the first broken link."""
+"""manage.py verify_audit: walk every hash chain, check the rows it vouches for, name the
+first break; export the verified heads or hold the chains to heads exported earlier."""
 
 import getpass
+import json
 import socket
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -10,25 +13,76 @@ from ledger import chain
 
 class Command(BaseCommand):
     help = (
-        "Recompute the hash chain of the audit trail of every tenant; exit non-zero and name "
-        "the first broken link if any row was altered, removed or inserted out of band."
+        "Recompute the hash chain of the audit trail of every tenant and hold the rows it "
+        "vouches for to it: every event and human decision (a link altered, removed or "
+        "inserted), every chain head against the longest head an earlier intact "
+        "verification recorded and against --expect-head (the newest links removed and the "
+        "head rewound), every Evidence row against the seal its event carries (rewritten, "
+        "removed or inserted), and every operation's state, version and external_id against "
+        "its last event (changed without one). Exit non-zero naming the first break if any "
+        "row was altered, removed or inserted out of band. Events written before chain "
+        "format 2 do not cover external_id or evidence payloads: their evidence is checked by "
+        "verdict only."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--actor", default="",
                             help="who runs it, for the verification record (default user@host)")
-
-    def handle(self, *args, actor, verbosity, **options):
-        actor = actor or f"manage.py verify_audit ({getpass.getuser()}@{socket.gethostname()})"
-        result = chain.verify(actor=actor, progress=self.stdout.write if verbosity > 1 else None)
-        found = result.first_break
-        if found is None:
-            self.stdout.write(f"audit trail intact: {result.record.links_checked} links in "
-                              f"{len(result.record.heads)} chains")
-            return
-        where = ", ".join(f"{key} {found.ids[key]}" for key in found.ids)
-        raise CommandError(
-            f"broken link in {found.chain}/{found.tenant} at seq {found.seq}"
-            f"{' (' + where + ')' if where else ''}: {found.message}; expected {found.expected}, "
-            f"found {found.found}"
+        parser.add_argument(
+            "--export-head", metavar="FILE", default="",
+            help="when the trail is intact, write the verified heads to FILE as JSON "
+                 '({"heads": {chain: {tenant: {"seq": n, "hash": h}}}}); keep it where the '
+                 "database's owner cannot reach it, and pass it to a later --expect-head",
         )
+        parser.add_argument(
+            "--expect-head", metavar="FILE", default="",
+            help="fail unless every chain still extends the heads in FILE (written by "
+                 "--export-head): a head missing, a chain shorter than FILE says, or another "
+                 "hash at its seq is a break",
+        )
+
+    def handle(self, *args, actor, verbosity, export_head, expect_head, **options):
+        actor = actor or f"manage.py verify_audit ({getpass.getuser()}@{socket.gethostname()})"
+        expected = _read_expected(expect_head) if expect_head else None
+        result = chain.verify(actor=actor, expected_heads=expected,
+                              progress=self.stdout.write if verbosity > 1 else None)
+        found = result.first_break
+        if found is not None:
+            where = ", ".join(f"{key} {found.ids[key]}" for key in found.ids)
+            raise CommandError(
+                f"broken link in {found.chain}/{found.tenant} at seq {found.seq}"
+                f"{' (' + where + ')' if where else ''}: {found.message}; expected "
+                f"{found.expected}, found {found.found}"
+            )
+        record = result.record
+        operations = sum(head.get("operations_checked", 0) for head in record.heads)
+        evidence = sum(head.get("evidence_checked", 0) for head in record.heads)
+        self.stdout.write(
+            f"audit trail intact: {record.links_checked} links in {len(record.heads)} chains; "
+            f"{operations} operations and {evidence} evidence rows match their events"
+            + (f"; every head extends {expect_head}" if expect_head else "")
+        )
+        if export_head:
+            _write(export_head, chain.export_heads(record))
+            self.stdout.write(f"heads written to {export_head}")
+
+
+def _read_expected(path: str) -> dict:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"expected --expect-head {path} to be a readable file, found "
+                           f"{exc.strerror or exc}") from None
+    try:
+        return chain.read_heads(text, source=f"--expect-head {path}")
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _write(path: str, document: dict) -> None:
+    try:
+        Path(path).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n",
+                              encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"expected --export-head {path} to be writable, found "
+                           f"{exc.strerror or exc}") from None
