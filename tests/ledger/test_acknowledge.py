@@ -174,3 +174,20 @@ def test_two_reviewers_acknowledging_the_two_twins_at_once_record_one_settlement
     assert {e.actor_id for e in events} == {results[0].events.filter(
         actor_kind=ActorKind.HUMAN).get().actor_id}
     assert set(Operation.objects.values_list("conflict", flat=True)) == {""}
+
+
+@pytest.mark.django_db
+def test_retention_keeps_a_flagged_operation_until_it_is_acknowledged(reviewer):
+    from ledger import retention
+    from tests.support.retention import complete_days_ago, retention_admin
+
+    retention.set_policy("*", purge_after_days=30, redact_after_days=None,
+                         user=retention_admin())
+    first, second = twins()
+    for op in (first, second):
+        complete_days_ago(op, 40)
+    assert retention.purge(actor="test").purged_operation_ids == []
+    receipts.acknowledge(first, user=reviewer, reason="intended")
+    complete_days_ago(first, 40)  # also fires the deferred event checks before the purge
+    purged = retention.purge(actor="test").purged_operation_ids
+    assert sorted(purged) == sorted([first.operation_id, second.operation_id])
