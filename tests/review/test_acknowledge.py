@@ -156,3 +156,15 @@ def test_agents_cannot_acknowledge_over_http_or_mcp(client, admin_user):
     tools = run_coroutine(build_server().list_tools())
     assert not [tool.name for tool in tools if "acknowledge" in tool.name]
     assert flags() == ["duplicate", "duplicate"]
+
+
+@pytest.mark.django_db
+def test_acknowledging_a_pair_runs_a_fixed_number_of_queries(client, reviewer,
+                                                             django_assert_num_queries):
+    first, _ = twins()
+    client.force_login(reviewer)
+    # session, user, user perms, group perms, tenant grants, operation; then the durable
+    # block (a savepoint inside the test's transaction): the flagged set locked, one
+    # statement per operation (the flag, its chain link and its event)
+    with django_assert_num_queries(11):
+        acknowledge(client, first)
