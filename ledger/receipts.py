@@ -17,6 +17,8 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
+from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger import access, conf, rows, runs, states, transitions
@@ -230,6 +232,11 @@ def mark_submitted(
     no ProvenAbsent as proof. Like every mark below: `expected_version` (default
     `op.version`) is the version the caller acted on (StaleVersion if the row moved on);
     `actor` names the agent on the event.
+
+    A retry also sets `reread_due_at`, the end of the latest in-flight window of every
+    attempt so far, this one included: once the retry has succeeded and that time has
+    passed, the reconciler reads the external system again (`reconcile.reread_due`) and
+    flags the operation `duplicate` if an earlier attempt's request landed after all.
     """
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
@@ -244,6 +251,8 @@ def mark_submitted(
                         "error_code": "", "error_detail": "", "unknown_since": None,
                         "next_attempt_at": None, "reconcile_attempts": 0,
                         "reconcile_failures": 0})
+        windows = (op.reread_due_at, op.in_flight_until, changes["in_flight_until"])
+        changes["reread_due_at"] = max(w for w in windows if w is not None)
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
     return transitions.by_agent(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
@@ -411,6 +420,71 @@ def resolve(
         op, to_state, user=user, reason=reason, expected_version=expected_version,
         changes=changes,
     )
+
+
+def acknowledge(
+    op: Operation,
+    *,
+    user,
+    reason: str,
+    expected_version: int | None = None,
+) -> Operation:
+    """A person settles the conflict flag of a terminal operation; returns it, flag cleared.
+
+    "Intended: two different articles", "real duplicate, compensated by hand": the
+    operation leaves the review queue, and its event (a move from its state to itself,
+    naming the user and the reason) is audited like a decision. A `duplicate` flag is
+    settled for the whole set at once: every other terminal operation of the tenant with the
+    same operation name and fingerprint that carries it is cleared too, each with its own
+    event naming this one, in the same transaction (they are one finding; a person who
+    looked at one has looked at the pair). A later success with the same fingerprint flags
+    the set again. Needs `ledger.resolve_operation` and a grant for the operation's tenant
+    (PermissionDenied), a non-empty reason (InvalidInput) and a terminal operation that
+    carries a flag (IllegalTransition otherwise). `expected_version` (default `op.version`):
+    StaleVersion, naming who changed it, if the operation moved on; nothing is written.
+    """
+    if not isinstance(op, Operation) or op.pk is None:
+        raise InvalidInput(f"expected a saved Operation, found {op!r}")
+    reason = check_reason(reason)
+    access.require_perm(user, "ledger.resolve_operation", doing="acknowledge conflicts")
+    access.require_tenant(user, op.tenant)
+    version = op.version if expected_version is None else expected_version
+    with transaction.atomic(durable=True):
+        # The flagged set locked in id order, as every acknowledger takes it (no deadlock).
+        same_fingerprint = Q(tenant=op.tenant, operation=op.operation,
+                             intent_fingerprint=op.intent_fingerprint,
+                             conflict=Conflict.DUPLICATE, state__in=states.TERMINAL)
+        locked = list(
+            Operation.objects.select_for_update()
+            .filter(Q(pk=op.pk) | same_fingerprint).order_by("id")
+        )
+        current = next((row for row in locked if row.pk == op.pk), None)
+        if current is None or current.version != version:
+            raise transitions.stale_version_error(op, op.state, version)
+        if current.state not in states.TERMINAL or not current.conflict:
+            raise IllegalTransition(
+                f"expected operation {op.operation_id} terminal "
+                f"({', '.join(sorted(states.TERMINAL))}) with a conflict flag to acknowledge, "
+                f"found {current.state} with "
+                + (f"flag {current.conflict}" if current.conflict else "no flag"),
+                from_state=current.state, to_state=current.state,
+            )
+        twins = [row for row in locked if row.pk != op.pk
+                 and current.conflict == Conflict.DUPLICATE]
+        transitions.flag_by_person(
+            current, "", user=user, reason=f"acknowledged {current.conflict}: {reason}",
+            expected_version=version,
+            evidence={"settles": [twin.operation_id for twin in twins]} if twins else None,
+        )
+        for twin in twins:
+            transitions.flag_by_person(
+                twin, "", user=user,
+                reason=f"acknowledged duplicate with {op.operation_id}: {reason}",
+                evidence={"acknowledged_with": op.operation_id},
+            )
+    for name in ("version", "conflict"):
+        setattr(op, name, getattr(current, name))
+    return op
 
 
 # --- the integration kit (ledger.actions), read here as receipts.<name> ----------------------

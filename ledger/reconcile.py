@@ -21,6 +21,14 @@ the transition and the lease release in one transaction fenced by that lease: a 
 lease was taken over is refused (StaleFencingToken) and writes nothing. An operation left in
 `reconciling` by a dead worker is claimable again once its lease has expired.
 
+A retried operation is read once more after it succeeded (`reread_due`): once the
+in-flight windows of its attempts have passed (`Operation.reread_due_at`, set as the retry
+is sent), the reconciler's `reread` counts its effects. One: the evidence says so and the
+re-read is done. Several (the request of an earlier attempt landed late, beside the retry):
+the operation is flagged `duplicate`, with that evidence and an event, and waits on the
+review desk until a person acknowledges it (`receipts.acknowledge`). A re-read that cannot
+count (NotYet, errors) is tried again after a backoff, `max_failures` times at most.
+
 Nothing here ever sends, retries or writes to the external system.
 """
 
@@ -142,6 +150,17 @@ class Reconciler:
         """A bounded search matched on the fingerprint; called only when lookup gave None."""
         return Ambiguous(reason="lookup could not decide and this reconciler has no search")
 
+    def reread(self, op: Operation) -> Verdict:
+        """Count the effects of `op`, a retried operation that succeeded (`reread_due`).
+
+        Found: exactly one. Ambiguous whose `observed["matches"]` lists several: a copy of
+        an earlier attempt landed beside the retry, and the operation is flagged duplicate.
+        By default the fingerprint `search`, which sees the effect of every attempt whatever
+        id it was given; override it when a read by idempotency key counts better (a
+        service that records the key without enforcing it).
+        """
+        return self.search(op)
+
     @classmethod
     def label(cls) -> str:
         return cls.name or f"{cls.__module__}.{cls.__qualname__}"
@@ -258,6 +277,9 @@ def consult(op: Operation) -> Outcome:
 
 
 def _default_query(op: Operation, method: str) -> dict[str, Any]:
+    if method == "reread":
+        return {"method": "reread", "idempotency_key": op.idempotency_key,
+                "external_id": op.external_id, "fingerprint": op.intent_fingerprint}
     if method == "lookup":
         return {"method": "lookup", "idempotency_key": op.idempotency_key,
                 "external_id": op.external_id}
@@ -513,7 +535,8 @@ def run_once(
 
     Returns how many operations it finished (moved to succeeded, safe_to_retry or
     manual_review); NotYet and retried errors go back to outcome_unknown and do not count.
-    Each operation is consulted at most once per pass. A verdict refused because another
+    Each operation is consulted at most once per pass; then the re-reads that are due
+    (`reread_due`, not counted here). A verdict refused because another
     worker took the operation over is logged and dropped. `on_verdict(op, outcome)` is
     called after each stored verdict (the `reconcile` command prints them).
     """
@@ -541,6 +564,7 @@ def run_once(
             on_verdict(op, outcome)
         if op.state != State.OUTCOME_UNKNOWN:
             finished += 1
+    reread_due(worker=worker, limit=limit, lease_ttl=lease_ttl, on_verdict=on_verdict)
     return finished
 
 
@@ -599,3 +623,177 @@ def _why_gone(op: Operation, older_than: timedelta) -> str:
         return f"sender gone: {age}, and run:{op.run_name} was never leased"
     return (f"sender gone: {age}, and the lease run:{op.run_name} of {op.lease_owner} "
             f"expired at {op.lease_expired_at.isoformat()}")
+
+
+# --- re-reads of retried successes -----------------------------------------------------------
+
+# Succeeded operations whose re-read is due, in due order, straight from the partial index
+# operation_reread_due_idx (a handful of rows: retried successes waiting on their windows).
+_CLAIM_REREAD = f"""
+    SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
+     WHERE state = '{State.SUCCEEDED}' AND reread_due_at IS NOT NULL AND reread_due_at <= %s
+       AND NOT (id = ANY(%s::bigint[]))
+     ORDER BY reread_due_at, id
+     LIMIT 1
+       FOR UPDATE OF ledger_operation SKIP LOCKED
+"""
+
+
+def claim_reread(
+    *, worker: str, lease_ttl: timedelta | None = None, exclude: Iterable[int] = ()
+) -> Claim | None:
+    """Claim the next succeeded operation whose re-read is due, or None.
+
+    Due: `reread_due_at` has passed. The claim is the lease `reconcile:<operation_id>`
+    (a live one of another worker: skipped), not a transition: the operation stays
+    succeeded. Rows locked by another claimer are skipped.
+    """
+    _check_worker(worker)
+    autodiscover()
+    skip = set(exclude)
+    while True:
+        with transaction.atomic(durable=True):
+            with prepared_cursor() as cursor:
+                cursor.execute(_CLAIM_REREAD, [timezone.now(), sorted(skip)])
+                row = cursor.fetchone()
+            if row is None:
+                return None
+            op = rows.operation_from_row(row)
+            cls = _registry.get(op.operation) or Reconciler
+            resource = f"reconcile:{op.operation_id}"
+            try:
+                token = leases.acquire(resource, worker, lease_ttl or cls.lease_ttl)
+            except LeaseHeld:
+                skip.add(op.pk)
+                continue
+        return Claim(operation=op, worker=worker, token=token, resource=resource,
+                     version=op.version)
+
+
+def consult_reread(op: Operation) -> Outcome:
+    """Ask the registered reconciler to count the effects of `op` (`Reconciler.reread`).
+
+    Never inside a transaction, never raises for the reconciler's sake, as `consult`.
+    """
+    cls = reconciler_for(op.operation)
+    if cls is None:
+        return Outcome(
+            verdict=NO_RECONCILER, reconciler="", query={}, observed={},
+            detail=f"no reconciler is registered for operation {op.operation!r}",
+        )
+    try:
+        return _outcome(op, cls, "reread", cls().reread(op))
+    except Exception as exc:  # a reconciler's failure is evidence, not a crash of the loop
+        message = scrub_text(f"{type(exc).__name__}: {exc}")[:2000]
+        return Outcome(
+            verdict=ERROR, reconciler=cls.label(), query={"method": "reread"},
+            observed={"error": type(exc).__name__, "message": message},
+            detail=f"reread raised {message}",
+        )
+
+
+def effects_found(outcome: Outcome) -> int | None:
+    """How many effects a re-read's outcome shows: 1 for Found, the number of matches of
+    an Ambiguous that lists several, 0 for ProvenAbsent; None when it cannot tell."""
+    if outcome.verdict == FOUND:
+        return 1
+    if outcome.verdict == PROVEN_ABSENT:
+        return 0
+    matches = outcome.observed.get("matches") if isinstance(outcome.observed, dict) else None
+    if outcome.verdict == AMBIGUOUS and isinstance(matches, list) and len(matches) > 1:
+        return len(matches)
+    return None
+
+
+def settle_reread(claim: Claim, outcome: Outcome) -> Operation:
+    """Store a re-read's `outcome` as Evidence and act on it, fenced by the claim's lease.
+
+    Several effects: flag the operation `duplicate` (an event by the reconciler; already
+    flagged, as a twin of another operation, it keeps the flag) and the re-read is done.
+    One, none, or an answer that cannot count them (Ambiguous without several matches, no
+    reconciler): the evidence says what was seen and the re-read is done. NotYet or an
+    error: again after a backoff, until `max_failures` in a row. One transaction: the
+    Evidence, the lease release (StaleFencingToken if another worker took it over: nothing
+    is written), the flag or the schedule. Returns the updated operation.
+    """
+    op = claim.operation
+    cls = _registry.get(op.operation) or Reconciler
+    now = timezone.now()
+    effects = effects_found(outcome)
+    with transaction.atomic(durable=True):
+        current = Operation.objects.select_for_update().get(pk=op.pk)
+        Evidence.objects.create(
+            operation=current, reconciler=outcome.reconciler[:200], query=outcome.query,
+            observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
+            detail=scrub_text(f"re-read after attempt {current.attempt}: "
+                              + _reread_finding(effects, outcome))[:2000],
+            created_at=now,
+        )
+        leases.release(claim.resource, claim.worker, claim.token)
+        if effects is not None and effects > 1:
+            if current.conflict == Conflict.DUPLICATE:
+                return transitions.note_reread(current, reread_due_at=None)
+            return transitions.flag_by_reconciler(
+                current, Conflict.DUPLICATE, worker=claim.worker, token=claim.token,
+                resource=claim.resource,
+                reason=f"re-read after attempt {current.attempt}: {effects} effects found, "
+                       "expected one; an earlier attempt's request landed beside the retry",
+                changes={"reread_due_at": None},
+                evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
+                          "effects": effects},
+            )
+        if outcome.verdict in (NOT_YET, ERROR):
+            failures = current.reconcile_failures + 1
+            limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
+            if failures < limit:
+                return transitions.note_reread(
+                    current, reread_due_at=now + _backoff(cls, failures),
+                    reconcile_failures=failures,
+                )
+            logger.warning("re-read of %s gave up after %s failures: %s",
+                           current.operation_id, failures, outcome.detail)
+        return transitions.note_reread(current, reread_due_at=None, reconcile_failures=0)
+
+
+def _reread_finding(effects: int | None, outcome: Outcome) -> str:
+    if effects is None:
+        return f"could not count the effects ({outcome.verdict}): {outcome.detail}"
+    if effects == 1:
+        return f"one effect, as recorded ({outcome.detail})"
+    if effects == 0:
+        return f"no effect visible although the operation succeeded ({outcome.detail})"
+    return f"{effects} effects, expected one: flagged duplicate ({outcome.detail})"
+
+
+def reread_due(
+    *,
+    worker: str,
+    limit: int = 100,
+    lease_ttl: timedelta | None = None,
+    on_verdict: Callable[[Operation, Outcome], None] | None = None,
+) -> int:
+    """Re-read up to `limit` retried successes whose windows have passed; returns how many
+    it flagged duplicate. Each at most once per pass; a finding refused because another
+    worker took the operation over is logged and dropped."""
+    _check_worker(worker)
+    check_whole_number(limit, low=1, expected="limit to be a positive integer")
+    flagged = 0
+    seen: set[int] = set()
+    for _ in range(limit):
+        claim = claim_reread(worker=worker, lease_ttl=lease_ttl, exclude=seen)
+        if claim is None:
+            break
+        seen.add(claim.operation.pk)
+        outcome = consult_reread(claim.operation)
+        before = claim.operation.conflict
+        try:
+            op = settle_reread(claim, outcome)
+        except (StaleFencingToken, StaleVersion) as exc:
+            logger.warning("worker %s lost the re-read of %s; its %s finding was discarded: %s",
+                           worker, claim.operation.operation_id, outcome.verdict, exc)
+            continue
+        if on_verdict is not None:
+            on_verdict(op, outcome)
+        if op.conflict == Conflict.DUPLICATE and before != Conflict.DUPLICATE:
+            flagged += 1
+    return flagged

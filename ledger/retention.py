@@ -218,6 +218,11 @@ PURGE_BLOCKERS: list[Blocker] = [
         "JOIN ledger_fact cand ON cand.id = fc.candidate_id "
         "WHERE fc.state = 'open' AND o.run_id IN (cur.run_id, cand.run_id))",
     ),
+    # A flagged operation waits on a person (receipts.acknowledge), and a retried success
+    # on its re-read (reconcile.reread_due): both need the receipt and its intent.
+    Blocker("unsettled conflict flag", "o.conflict <> ''"),
+    Blocker("re-read pending",
+            "o.reread_due_at IS NOT NULL AND o.state = 'succeeded'"),
 ]
 
 

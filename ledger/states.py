@@ -128,14 +128,16 @@ def transition_check_sql() -> str:
     """PL/pgSQL body of the BEFORE UPDATE trigger on ledger_operation.
 
     Refuses a state change the table does not allow, a state change whose version does not
-    step by exactly one, a version change without a state change, and changes to the
-    receipt's identity columns.
+    step by exactly one, a version change without a state change (but for the one step of
+    a terminal operation whose conflict flag changes: `transitions.flag_by_person`,
+    `flag_by_reconciler`), and changes to the receipt's identity columns.
     """
     pairs = ", ".join(
         f"({_sql_literal(a)}, {_sql_literal(b)})"
         for a, bs in sorted(TRANSITIONS.items())
         for b in sorted(bs)
     )
+    terminal = ", ".join(_sql_literal(state) for state in sorted(TERMINAL))
     expected = " ".join(
         f"WHEN {_sql_literal(a)} THEN {_sql_literal(', '.join(targets(a)) or 'none (terminal)')}"
         for a in sorted(TRANSITIONS)
@@ -166,10 +168,14 @@ def transition_check_sql() -> str:
                                  'found version %s', OLD.operation_id, OLD.version + 1,
                                  OLD.state, NEW.state, NEW.version);
         END IF;
-    ELSIF NEW.version IS DISTINCT FROM OLD.version THEN
+    ELSIF NEW.version IS DISTINCT FROM OLD.version
+          AND NOT (NEW.version = OLD.version + 1 AND OLD.state IN ({terminal})
+                   AND NEW.conflict IS DISTINCT FROM OLD.conflict) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected version %s unchanged without a state '
-                             'change, found %s', OLD.operation_id, OLD.version, NEW.version);
+                             'change (a terminal operation steps it by one when its conflict '
+                             'flag changes), found %s', OLD.operation_id, OLD.version,
+                             NEW.version);
     END IF;
     RETURN NEW;
     """

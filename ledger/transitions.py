@@ -23,6 +23,15 @@ operation for an arbitrary actor:
     by_person(op, to_state, user=, ...)           receipts.resolve, after its permission checks
     by_reconciler(op, to_state, worker=, ...)     reconcile: a claim and a verdict
     by_sweep(op, reason=, evidence=)              reconcile.sweep_stale_submissions
+    flag_by_person(op, conflict, user=, ...)      receipts.acknowledge
+    flag_by_reconciler(op, conflict, worker=, ...)  reconcile: a re-read found a duplicate
+    note_reread(op, reread_due_at=, ...)          reconcile: the re-read's bookkeeping
+
+The two `flag_*` change the conflict flag of a terminal operation, not its state: the
+version steps by one (the transition trigger allows that step for a terminal operation
+whose flag changes, and nothing else without a state change) and an event from the state
+to itself records who and why, linked into the tenant's chain like every other event
+(`CHANGE_FLAG`).
 
 `by_agent` and `by_person` are their own transaction, durable (a receipt is committed
 before the external call, not when a caller's block ends), and `record` runs in the one
@@ -172,6 +181,65 @@ def by_sweep(op: Operation, *, reason: str, evidence: Any) -> Operation:
                   changes={"error_code": "SenderGone", "error_detail": reason})
 
 
+def flag_by_person(
+    op: Operation,
+    conflict: str,
+    *,
+    user,
+    reason: str,
+    expected_version: int | None = None,
+    evidence: Any = None,
+) -> Operation:
+    """A person sets the conflict flag of terminal `op` to `conflict` ("" settles it:
+    `receipts.acknowledge`, which checks permissions and input first); in the caller's
+    transaction. The event names the user."""
+    return _apply_flag(op, conflict, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
+                       reason=reason, expected_version=expected_version, evidence=evidence,
+                       decided_by=user.pk)
+
+
+def flag_by_reconciler(
+    op: Operation,
+    conflict: str,
+    *,
+    worker: str,
+    token: int,
+    resource: str,
+    reason: str,
+    expected_version: int | None = None,
+    changes: Mapping[str, Any] | None = None,
+    evidence: Any = None,
+) -> Operation:
+    """A re-read's finding on terminal `op` (`reconcile.settle_reread`), fenced by the
+    worker's lease `resource`, in the caller's transaction."""
+    leases.check(resource, token)
+    return _apply_flag(op, conflict, actor_kind=ActorKind.RECONCILER, actor_id=worker,
+                       reason=reason, expected_version=expected_version, changes=changes,
+                       evidence=evidence, fencing_token=token)
+
+
+def note_reread(
+    op: Operation,
+    *,
+    reread_due_at: datetime | None,
+    reconcile_failures: int | None = None,
+    expected_version: int | None = None,
+) -> Operation:
+    """The re-read's bookkeeping of `op` (when it is due next, its failures), in the caller's
+    transaction: no event, the version stays, as for the reconciler's other schedule
+    columns. Compare-and-set on the version: StaleVersion if the row moved on."""
+    version = op.version if expected_version is None else expected_version
+    failures = op.reconcile_failures if reconcile_failures is None else reconcile_failures
+    with prepared_cursor() as cursor:
+        cursor.execute(NOTE_REREAD, {"id": op.pk, "version": version, "due": reread_due_at,
+                                     "failures": failures})
+        changed = cursor.fetchone()
+    if changed is None:
+        raise stale_version_error(op, op.state, version)
+    op.reread_due_at, op.reconcile_failures = reread_due_at, failures
+    return op
+
+
 def single_statement() -> AbstractContextManager:
     """The transaction of an agent's write that is a single SQL statement.
 
@@ -312,6 +380,65 @@ def _apply(
         raise stale_version_error(op, from_state, version)
     fields["conflict"] = row[1]
     for name, value in fields.items():
+        setattr(op, name, value)
+    return op
+
+
+def _apply_flag(
+    op: Operation,
+    conflict: str,
+    *,
+    actor_kind: str,
+    actor_id: str,
+    reason: str,
+    expected_version: int | None = None,
+    changes: Mapping[str, Any] | None = None,
+    evidence: Any = None,
+    fencing_token: int | None = None,
+    decided_by: int | None = None,
+) -> Operation:
+    """Set the conflict flag of terminal `op` to `conflict`, stepping its version by one,
+    with its event (state to itself); updates `op` in place.
+
+    Raises IllegalTransition for an operation that is not terminal, InvalidInput for an
+    unknown flag, StaleVersion when the row moved on since `expected_version` (default
+    `op.version`) or already carries `conflict`.
+    """
+    from ledger.models.operations import Conflict
+
+    if not isinstance(op, Operation) or op.pk is None:
+        raise InvalidInput(f"expected a saved Operation, found {op!r}")
+    if conflict not in ("", *Conflict.values):
+        raise InvalidInput(
+            f"expected a conflict flag among {['', *Conflict.values]}, found {conflict!r}"
+        )
+    if op.state not in states.TERMINAL:
+        raise IllegalTransition(
+            f"expected a terminal operation ({', '.join(sorted(states.TERMINAL))}) to change "
+            f"the conflict flag of, found operation {op.operation_id} {op.state}",
+            from_state=op.state, to_state=op.state,
+        )
+    version = op.version if expected_version is None else expected_version
+    now = timezone.now()
+    flag = {"from": op.conflict, "to": conflict}
+    event = _event(op, from_state=op.state, to_state=op.state, version=version + 1,
+                   actor_kind=actor_kind, actor_id=actor_id, reason=reason,
+                   evidence={"conflict": flag, **(evidence or {})},
+                   fencing_token=fencing_token, decided_by=decided_by, now=now,
+                   external_id=op.external_id)
+    also_set = dict(changes or {})
+    params = {
+        "id": op.pk, "from_version": version, "conflict": conflict,
+        **{f"new_{name}": value for name, value in _db_values(also_set).items()},
+        **event,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(_change_flag(tuple(also_set)), params)
+        row = cursor.fetchone()
+    if row is None:
+        raise stale_version_error(op, op.state, version)
+    op.version, op.conflict = version + 1, conflict
+    for name, value in also_set.items():
         setattr(op, name, value)
     return op
 
@@ -480,4 +607,37 @@ WITH changed AS (
     RETURNING id, tenant
 ),
 {_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+""")
+
+
+# The conflict flag of a terminal operation, with its event (`_apply_flag`): the row's
+# compare-and-set on (state, version), refused too when the row already carries the flag
+# (the duplicate mark of another operation's success sets it without an event); then the
+# chain link and the event, as above. `{also_set}` as in CHANGE_OPERATION.
+CHANGE_FLAG = _compact(f"""
+WITH changed AS (
+    UPDATE ledger_operation SET version = %(to_version)s, conflict = %(conflict)s {{also_set}}
+     WHERE id = %(id)s AND state = %(from_state)s AND version = %(from_version)s
+       AND conflict <> %(conflict)s
+    RETURNING id, tenant
+),
+{_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+""")
+
+
+@functools.cache
+def _change_flag(also_set: tuple[str, ...]) -> str:
+    assignments = "".join(
+        f", {connection.ops.quote_name(_FIELD_BY_ATTNAME[name].column)} = %(new_{name})s"
+        for name in also_set
+    )
+    return CHANGE_FLAG.replace(" {also_set}", assignments)
+
+
+# The re-read's schedule: columns no event records (as next_attempt_at), compare-and-set on
+# the version.
+NOTE_REREAD = _compact("""
+UPDATE ledger_operation SET reread_due_at = %(due)s, reconcile_failures = %(failures)s
+ WHERE id = %(id)s AND version = %(version)s
+RETURNING id
 """)

@@ -131,3 +131,15 @@ class ResolveForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "article-123"}),
     )
     version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class AcknowledgeForm(forms.Form):
+    """A person settles the conflict flag of a terminal operation; `receipts.acknowledge`
+    decides whether it may."""
+
+    reason = forms.CharField(
+        max_length=2000, strip=True,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "Why? (required)"}),
+        error_messages={"required": "A reason is required to acknowledge a conflict."},
+    )
+    version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)

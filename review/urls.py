@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.queue, name="queue"),
     path("operations/<str:operation_id>/", views.operation_detail, name="operation"),
     path("operations/<str:operation_id>/resolve/", views.resolve, name="resolve"),
+    path("operations/<str:operation_id>/acknowledge/", views.acknowledge, name="acknowledge"),
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_csv, name="audit_csv"),
 ]

@@ -18,7 +18,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from ledger import errors, receipts, selectors
 from ledger.states import State
-from review.forms import ACTION_LABELS, AuditFilterForm, QueueFilterForm, ResolveForm
+from review.forms import (
+    ACTION_LABELS,
+    AcknowledgeForm,
+    AuditFilterForm,
+    QueueFilterForm,
+    ResolveForm,
+)
 from review.http import ledger_errors
 from review.templatetags.desk import operation_url
 
@@ -53,7 +59,8 @@ def operation_detail(request, operation_id: str):
     return _detail(request, operation_id)
 
 
-def _detail(request, operation_id: str, *, form: ResolveForm | None = None, status: int = 200):
+def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
+            ack_form: AcknowledgeForm | None = None, status: int = 200):
     detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
     if form is None:
@@ -62,6 +69,7 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None, stat
         "detail": detail,
         "op": op,
         "form": form,
+        "ack_form": ack_form or AcknowledgeForm(initial={"version": op.version}),
         "actions": [(state, ACTION_LABELS[state]) for state in detail.resolutions],
         "offers_external_id": State.SUCCEEDED in detail.resolutions,
     }
@@ -98,12 +106,47 @@ def resolve(request, operation_id: str):
     return redirect(operation_url(op))
 
 
+@require_POST
+@resolve_required
+@ledger_errors
+def acknowledge(request, operation_id: str):
+    """Settle the conflict flag of a terminal operation (and of its duplicate twins);
+    POST/redirect/GET, or the fresh decision fragment for htmx."""
+    op = selectors.access_operation(request.user, operation_id)
+    form = AcknowledgeForm(request.POST)
+    if not form.is_valid():
+        return _detail(request, operation_id, ack_form=form, status=422)
+    try:
+        receipts.acknowledge(op, user=request.user, reason=form.cleaned_data["reason"],
+                             expected_version=form.cleaned_data["version"])
+    except errors.StaleVersion as exc:
+        messages.warning(request, stale_message(exc))
+    except (errors.IllegalTransition, errors.InvalidInput) as exc:
+        messages.error(request, f"Nothing recorded: {exc}")
+    else:
+        messages.success(request, f"Recorded: conflict acknowledged on {op.operation_id}; "
+                                  "it has left the queue.")
+    if request.htmx:
+        return _detail(request, operation_id)
+    return redirect(operation_url(op))
+
+
 def stale_message(exc: errors.StaleVersion) -> str:
     """Who decided first, and when: the reviewer who lost the race reads this."""
     event, current = exc.last_event, exc.current
     if event is None or current is None:
         return f"Nothing recorded: {exc}"
     who = event.actor_id or event.get_actor_kind_display().lower()
+    if event.from_state == event.to_state:  # a change of the conflict flag, not the state
+        return (
+            f"Nothing recorded: {who} ({event.get_actor_kind_display().lower()}) already "
+            f"changed the conflict flag of this operation at "
+            f"{event.created_at:%Y-%m-%d %H:%M:%S} UTC"
+            + (f" (reason: {event.reason})" if event.reason else "")
+            + f". It is now {State(current.state).label.lower()}"
+            + (f", flagged {current.conflict}" if current.conflict else ", no longer flagged")
+            + f", version {current.version}."
+        )
     return (
         f"Nothing recorded: {who} ({event.get_actor_kind_display().lower()}) already moved "
         f"this operation {event.from_state or '-'} -> {event.to_state} at "

@@ -7,6 +7,11 @@ only, on a random port. It misbehaves on demand, per server (attributes) or per 
 - "drop_response": commit the article, then close the connection without answering;
 - "lose_request": read the request, then close the connection without committing;
 - "slow": commit, then wait `slow_seconds` before answering (clients time out);
+- "deliver_late": the request is still in the network: the client's connection is cut at
+  once, and the request lands (commits) only later, `late_seconds` after it was sent, or
+  when `deliver_late()` lets it land (`late_seconds=None`, the default: tests decide the
+  moment). Until it lands the service knows nothing of it, so every read says absent: the
+  late copy a reconciler cannot see coming;
 - eventually consistent reads (`read_lag` seconds): a read does not show articles
   committed in the last `read_lag` seconds, and says so with `consistent_as_of`;
 - `key_lookup = False`: lookups by idempotency key answer 501 (an index outage), so the
@@ -42,7 +47,7 @@ from ledger.canonical import fingerprint, redact
 from ledger.models import Operation
 
 HOST = "127.0.0.1"
-FAULTS = ("drop_response", "lose_request", "slow")
+FAULTS = ("drop_response", "lose_request", "slow", "deliver_late")
 
 
 class ArticleRejected(Exception):
@@ -73,7 +78,8 @@ class ArticlesService:
     """The simulated service; `with ArticlesService() as service:` starts and stops it."""
 
     def __init__(self, *, read_lag: float = 0.0, slow_seconds: float = 2.0,
-                 fault: str | None = None, dedupe_keys: bool = True, key_lookup: bool = True):
+                 fault: str | None = None, dedupe_keys: bool = True, key_lookup: bool = True,
+                 late_seconds: float | None = None):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"expected fault one of {FAULTS} or None, found {fault!r}")
         self.read_lag = read_lag
@@ -81,6 +87,9 @@ class ArticlesService:
         self.fault = fault
         self.dedupe_keys = dedupe_keys
         self.key_lookup = key_lookup
+        self.late_seconds = late_seconds
+        self._late: list[tuple[dict[str, Any], str]] = []
+        self._timers: list[threading.Timer] = []
         self._articles: list[dict[str, Any]] = []
         self._queued_faults: deque[str] = deque()
         self._in_flight: dict[int, datetime] = {}
@@ -100,6 +109,8 @@ class ArticlesService:
         return self
 
     def stop(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -127,6 +138,35 @@ class ArticlesService:
             raise ValueError(f"expected fault one of {FAULTS}, found {fault!r}")
         with self._lock:
             self._queued_faults.extend([fault] * times)
+
+    def deliver_late(self) -> list[dict[str, Any]]:
+        """Let every request still held by "deliver_late" land now, in the order they were
+        sent; returns what they created (or found, for a deduplicated key)."""
+        with self._lock:
+            late, self._late = self._late, []
+        return [self._create(payload, key)[1] for payload, key in late]
+
+    def late_requests(self) -> int:
+        """How many requests are still in the network."""
+        with self._lock:
+            return len(self._late)
+
+    def _send_late(self, payload: dict[str, Any], key: str) -> None:
+        request = (payload, key)
+        with self._lock:
+            self._late.append(request)
+        if self.late_seconds is not None:
+            timer = threading.Timer(self.late_seconds, self._land, [request])
+            timer.daemon = True
+            self._timers.append(timer)
+            timer.start()
+
+    def _land(self, request: tuple[dict[str, Any], str]) -> None:
+        with self._lock:
+            if not any(held is request for held in self._late):
+                return  # deliver_late() let it land already
+            self._late = [held for held in self._late if held is not request]
+        self._create(*request)
 
     def side_effects(self) -> list[dict[str, Any]]:
         """Every article ever committed, visible to reads or not (the ground truth)."""
@@ -228,6 +268,9 @@ def _handler_for(service: ArticlesService):
                     return self._send(400, {"error": "expected a JSON body"})
                 if not isinstance(payload, dict):
                     return self._send(400, {"error": "expected a JSON object"})
+                if fault == "deliver_late":
+                    service._send_late(payload, self.headers.get("Idempotency-Key", ""))
+                    return self._hang_up()
                 status, answer = service._create(payload, self.headers.get("Idempotency-Key", ""))
             finally:
                 service._leave(ticket)

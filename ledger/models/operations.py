@@ -70,11 +70,12 @@ _DELETE_TERMINAL_ONLY = f"""
 """
 
 # A settled receipt is the record of what happened: once terminal, only the conflict flag
-# (flagging a duplicate, a person's acknowledgement) may change in an ordinary UPDATE;
+# (flagging a duplicate, a person's acknowledgement) and the re-read's schedule
+# (reread_due_at, reconcile_failures) may change in an ordinary UPDATE;
 # redaction (intent, error_detail, redacted_at) only inside the sanctioned retention
 # function; everything else (external_id, target, result, completed_at, ...) never.
 # State and version are the transition check's (which fires first: triggers fire by name).
-_TERMINAL_ALWAYS = ("conflict", "state", "version")
+_TERMINAL_ALWAYS = ("conflict", "reconcile_failures", "reread_due_at", "state", "version")
 _TERMINAL_REDACTION = ("intent", "error_detail", "redacted_at")
 _TERMINAL_IMMUTABLE = f"""
     SELECT string_agg(n.key, ', ' ORDER BY n.key) INTO changed
@@ -182,6 +183,11 @@ class Operation(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     reconcile_attempts = models.PositiveIntegerField(default=0)
     reconcile_failures = models.PositiveIntegerField(default=0)
+    # When a retried operation is to be read again (ledger.reconcile.reread_due): set as
+    # attempt n > 1 is sent, to the end of the latest in-flight window of its attempts;
+    # due once the operation has succeeded; cleared by the re-read. A late copy of an
+    # earlier attempt that landed beside the retry is then found and flagged duplicate.
+    reread_due_at = models.DateTimeField(null=True, blank=True)
     # Why the desk shows this operation although its state alone would not: the reconciler
     # found several matching effects, or another operation with the same fingerprint also
     # succeeded. Kept on the row (and indexed) so the queue never scans history for it.
@@ -235,6 +241,9 @@ class Operation(models.Model):
             models.Index(fields=["completed_at"], name="operation_completed_idx"),
             models.Index(fields=["state_changed_at", "id"], name="operation_conflict_idx",
                          condition=models.Q(conflict__gt="")),
+            # The re-reads due (ledger.reconcile.claim_reread): few rows, in due order.
+            models.Index(fields=["reread_due_at", "id"], name="operation_reread_due_idx",
+                         condition=models.Q(state=State.SUCCEEDED, reread_due_at__isnull=False)),
         ]
         permissions = [
             ("resolve_operation", "Can resolve operations the ledger cannot prove"),
@@ -284,6 +293,17 @@ class Operation(models.Model):
                 condition=pgtrigger.Q(old__state__in=sorted(TERMINAL)),
                 declare=[("changed", "text")],
                 func=_TERMINAL_IMMUTABLE,
+            ),
+            # A change of the conflict flag alone (a terminal operation, whose version the
+            # transition trigger lets step by one for it) carries its event too.
+            Trigger(
+                name="operation_flag_evented",
+                operation=pgtrigger.Update,
+                when=pgtrigger.After,
+                timing=pgtrigger.Deferred,
+                condition=pgtrigger.Q(old__version__df=pgtrigger.F("new__version"),
+                                      old__state=pgtrigger.F("new__state")),
+                func=_event_recorded("OLD.state"),
             ),
             Trigger(
                 name="operation_change_evented",

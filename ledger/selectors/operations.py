@@ -165,6 +165,8 @@ class OperationDetail:
     evidence: list[Evidence]
     duplicates: list[Operation]
     resolutions: list[str]
+    # A person may settle the operation's conflict flag (`receipts.acknowledge`).
+    can_acknowledge: bool = False
 
 
 DUPLICATES_SHOWN = 50
@@ -182,6 +184,7 @@ def operation_detail(user, operation_id: str) -> OperationDetail:
         evidence=list(op.evidence.order_by("created_at", "id")),
         duplicates=duplicates_of(op),
         resolutions=resolutions_for(op, user),
+        can_acknowledge=can_acknowledge(op, user),
     )
 
 
@@ -213,3 +216,11 @@ def resolutions_for(op: Operation, user) -> list[str]:
     return allowed
 
 
+
+
+def can_acknowledge(op: Operation, user) -> bool:
+    """Whether `user` may settle the conflict flag of `op` now: terminal and flagged, and
+    `ledger.resolve_operation` with a grant for the tenant. `receipts.acknowledge` checks
+    the same again."""
+    return (op.is_terminal and bool(op.conflict)
+            and user.has_perm("ledger.resolve_operation") and access.can_see(user, op.tenant))
