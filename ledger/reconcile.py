@@ -722,37 +722,41 @@ def settle_reread(claim: Claim, outcome: Outcome) -> Operation:
     effects = effects_found(outcome)
     with transaction.atomic(durable=True):
         current = Operation.objects.select_for_update().get(pk=op.pk)
-        Evidence.objects.create(
+        finding = _reread_finding(effects, outcome)
+        evidence_row = Evidence.objects.create(
             operation=current, reconciler=outcome.reconciler[:200], query=outcome.query,
             observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
-            detail=scrub_text(f"re-read after attempt {current.attempt}: "
-                              + _reread_finding(effects, outcome))[:2000],
+            detail=scrub_text(f"re-read after attempt {current.attempt}: {finding}")[:2000],
             created_at=now,
         )
         leases.release(claim.resource, claim.worker, claim.token)
+        conflict, due, failures = current.conflict, None, 0
         if effects is not None and effects > 1:
-            if current.conflict == Conflict.DUPLICATE:
-                return transitions.note_reread(current, reread_due_at=None)
-            return transitions.flag_by_reconciler(
-                current, Conflict.DUPLICATE, worker=claim.worker, token=claim.token,
-                resource=claim.resource,
-                reason=f"re-read after attempt {current.attempt}: {effects} effects found, "
-                       "expected one; an earlier attempt's request landed beside the retry",
-                changes={"reread_due_at": None},
-                evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
-                          "effects": effects},
-            )
-        if outcome.verdict in (NOT_YET, ERROR):
+            conflict = Conflict.DUPLICATE
+            reason = (f"re-read after attempt {current.attempt}: {effects} effects found, "
+                      "expected one; an earlier attempt's request landed beside the retry")
+        elif outcome.verdict in (NOT_YET, ERROR):
             failures = current.reconcile_failures + 1
             limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
             if failures < limit:
-                return transitions.note_reread(
-                    current, reread_due_at=now + _backoff(cls, failures),
-                    reconcile_failures=failures,
-                )
-            logger.warning("re-read of %s gave up after %s failures: %s",
-                           current.operation_id, failures, outcome.detail)
-        return transitions.note_reread(current, reread_due_at=None, reconcile_failures=0)
+                due = now + _backoff(cls, failures)
+                reason = f"re-read after attempt {current.attempt}: again later ({finding})"
+            else:
+                logger.warning("re-read of %s gave up after %s failures: %s",
+                               current.operation_id, failures, outcome.detail)
+                failures = 0
+                reason = f"re-read after attempt {current.attempt} gave up: {finding}"
+        else:
+            reason = f"re-read after attempt {current.attempt}: {finding}"
+        # Every re-read is an event (the flag, or the schedule alone), which seals its
+        # evidence: verify_audit accounts for each row.
+        return transitions.reread_by_reconciler(
+            current, conflict, worker=claim.worker, token=claim.token,
+            resource=claim.resource, reason=scrub_text(reason)[:2000], reread_due_at=due,
+            reconcile_failures=failures, evidence_row=evidence_row,
+            evidence={"verdict": outcome.verdict, "reconciler": outcome.reconciler,
+                      "effects": effects},
+        )
 
 
 def _reread_finding(effects: int | None, outcome: Outcome) -> str:

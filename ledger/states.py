@@ -129,8 +129,9 @@ def transition_check_sql() -> str:
 
     Refuses a state change the table does not allow, a state change whose version does not
     step by exactly one, a version change without a state change (but for the one step of
-    a terminal operation whose conflict flag changes: `transitions.flag_by_person`,
-    `flag_by_reconciler`), and changes to the receipt's identity columns.
+    a terminal operation whose conflict flag or re-read schedule changes:
+    `transitions.flag_by_person`, `reread_by_reconciler`), and changes to the receipt's
+    identity columns.
     """
     pairs = ", ".join(
         f"({_sql_literal(a)}, {_sql_literal(b)})"
@@ -170,12 +171,13 @@ def transition_check_sql() -> str:
         END IF;
     ELSIF NEW.version IS DISTINCT FROM OLD.version
           AND NOT (NEW.version = OLD.version + 1 AND OLD.state IN ({terminal})
-                   AND NEW.conflict IS DISTINCT FROM OLD.conflict) THEN
+                   AND (NEW.conflict IS DISTINCT FROM OLD.conflict
+                        OR NEW.reread_due_at IS DISTINCT FROM OLD.reread_due_at)) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected version %s unchanged without a state '
                              'change (a terminal operation steps it by one when its conflict '
-                             'flag changes), found %s', OLD.operation_id, OLD.version,
-                             NEW.version);
+                             'flag or re-read schedule changes), found %s', OLD.operation_id,
+                             OLD.version, NEW.version);
     END IF;
     RETURN NEW;
     """

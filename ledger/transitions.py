@@ -24,14 +24,13 @@ operation for an arbitrary actor:
     by_reconciler(op, to_state, worker=, ...)     reconcile: a claim and a verdict
     by_sweep(op, reason=, evidence=)              reconcile.sweep_stale_submissions
     flag_by_person(op, conflict, user=, ...)      receipts.acknowledge
-    flag_by_reconciler(op, conflict, worker=, ...)  reconcile: a re-read found a duplicate
-    note_reread(op, reread_due_at=, ...)          reconcile: the re-read's bookkeeping
+    reread_by_reconciler(op, conflict, worker=, ...)  reconcile: a re-read's finding
 
-The two `flag_*` change the conflict flag of a terminal operation, not its state: the
-version steps by one (the transition trigger allows that step for a terminal operation
-whose flag changes, and nothing else without a state change) and an event from the state
-to itself records who and why, linked into the tenant's chain like every other event
-(`CHANGE_FLAG`).
+These two change the conflict flag or the re-read schedule of a terminal operation, not its
+state: the version steps by one (the transition trigger allows that step for a terminal
+operation whose flag or `reread_due_at` changes, and nothing else without a state change)
+and an event from the state to itself records who and why, sealing the re-read's evidence,
+linked into the tenant's chain like every other event (`CHANGE_FLAG`).
 
 `by_agent` and `by_person` are their own transaction, durable (a receipt is committed
 before the external call, not when a caller's block ends), and `record` runs in the one
@@ -198,7 +197,7 @@ def flag_by_person(
                        decided_by=user.pk)
 
 
-def flag_by_reconciler(
+def reread_by_reconciler(
     op: Operation,
     conflict: str,
     *,
@@ -206,38 +205,22 @@ def flag_by_reconciler(
     token: int,
     resource: str,
     reason: str,
-    expected_version: int | None = None,
-    changes: Mapping[str, Any] | None = None,
+    reread_due_at: datetime | None,
+    reconcile_failures: int,
+    evidence_row: Evidence,
     evidence: Any = None,
 ) -> Operation:
     """A re-read's finding on terminal `op` (`reconcile.settle_reread`), fenced by the
-    worker's lease `resource`, in the caller's transaction."""
+    worker's lease `resource`, in the caller's transaction: the flag (`conflict`, unchanged
+    when nothing new was found), the next re-read (`reread_due_at`, None when done) and the
+    failures in a row, with an event sealing `evidence_row`, so that every re-read is in
+    the chain."""
     leases.check(resource, token)
     return _apply_flag(op, conflict, actor_kind=ActorKind.RECONCILER, actor_id=worker,
-                       reason=reason, expected_version=expected_version, changes=changes,
-                       evidence=evidence, fencing_token=token)
-
-
-def note_reread(
-    op: Operation,
-    *,
-    reread_due_at: datetime | None,
-    reconcile_failures: int | None = None,
-    expected_version: int | None = None,
-) -> Operation:
-    """The re-read's bookkeeping of `op` (when it is due next, its failures), in the caller's
-    transaction: no event, the version stays, as for the reconciler's other schedule
-    columns. Compare-and-set on the version: StaleVersion if the row moved on."""
-    version = op.version if expected_version is None else expected_version
-    failures = op.reconcile_failures if reconcile_failures is None else reconcile_failures
-    with prepared_cursor() as cursor:
-        cursor.execute(NOTE_REREAD, {"id": op.pk, "version": version, "due": reread_due_at,
-                                     "failures": failures})
-        changed = cursor.fetchone()
-    if changed is None:
-        raise stale_version_error(op, op.state, version)
-    op.reread_due_at, op.reconcile_failures = reread_due_at, failures
-    return op
+                       reason=reason, evidence=evidence, fencing_token=token,
+                       evidence_row=evidence_row,
+                       changes={"reread_due_at": reread_due_at,
+                                "reconcile_failures": reconcile_failures})
 
 
 def single_statement() -> AbstractContextManager:
@@ -396,13 +379,15 @@ def _apply_flag(
     evidence: Any = None,
     fencing_token: int | None = None,
     decided_by: int | None = None,
+    evidence_row: Evidence | None = None,
 ) -> Operation:
-    """Set the conflict flag of terminal `op` to `conflict`, stepping its version by one,
-    with its event (state to itself); updates `op` in place.
+    """Set the conflict flag of terminal `op` to `conflict` (and `changes`: the re-read
+    schedule), stepping its version by one, with its event (state to itself); updates `op`
+    in place.
 
     Raises IllegalTransition for an operation that is not terminal, InvalidInput for an
     unknown flag, StaleVersion when the row moved on since `expected_version` (default
-    `op.version`) or already carries `conflict`.
+    `op.version`) or already carries `conflict` (unless the re-read schedule changes).
     """
     from ledger.models.operations import Conflict
 
@@ -425,10 +410,11 @@ def _apply_flag(
                    actor_kind=actor_kind, actor_id=actor_id, reason=reason,
                    evidence={"conflict": flag, **(evidence or {})},
                    fencing_token=fencing_token, decided_by=decided_by, now=now,
-                   external_id=op.external_id)
+                   external_id=op.external_id, evidence_row=evidence_row)
     also_set = dict(changes or {})
     params = {
         "id": op.pk, "from_version": version, "conflict": conflict,
+        "rereading": "reread_due_at" in also_set,
         **{f"new_{name}": value for name, value in _db_values(also_set).items()},
         **event,
     }
@@ -612,13 +598,14 @@ WITH changed AS (
 
 # The conflict flag of a terminal operation, with its event (`_apply_flag`): the row's
 # compare-and-set on (state, version), refused too when the row already carries the flag
-# (the duplicate mark of another operation's success sets it without an event); then the
-# chain link and the event, as above. `{also_set}` as in CHANGE_OPERATION.
+# (the duplicate mark of another operation's success sets it without an event) unless a
+# re-read changes its schedule; then the chain link and the event, as above. `{also_set}`
+# as in CHANGE_OPERATION.
 CHANGE_FLAG = _compact(f"""
 WITH changed AS (
     UPDATE ledger_operation SET version = %(to_version)s, conflict = %(conflict)s {{also_set}}
      WHERE id = %(id)s AND state = %(from_state)s AND version = %(from_version)s
-       AND conflict <> %(conflict)s
+       AND (conflict <> %(conflict)s OR %(rereading)s)
     RETURNING id, tenant
 ),
 {_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
@@ -632,12 +619,3 @@ def _change_flag(also_set: tuple[str, ...]) -> str:
         for name in also_set
     )
     return CHANGE_FLAG.replace(" {also_set}", assignments)
-
-
-# The re-read's schedule: columns no event records (as next_attempt_at), compare-and-set on
-# the version.
-NOTE_REREAD = _compact("""
-UPDATE ledger_operation SET reread_due_at = %(due)s, reconcile_failures = %(failures)s
- WHERE id = %(id)s AND version = %(version)s
-RETURNING id
-""")

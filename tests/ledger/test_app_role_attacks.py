@@ -33,7 +33,7 @@ from ledger.models import (
     Step,
 )
 from ledger.states import State
-from tests.factories import OperationFactory
+from tests.factories import OperationFactory, add_evidence
 from tests.ledger.test_audit_chain import AUDIT_TABLES, decide_a_conflict
 from tests.support.retention import complete_days_ago, retention_admin
 
@@ -377,13 +377,14 @@ def test_purge_and_redaction_work_as_the_app_role_and_are_recorded(db):
     create_app_role(ROLE)
     retention.set_policy("*", purge_after_days=30, redact_after_days=10,
                          user=retention_admin())
-    doomed = [OperationFactory(state=State.SUCCEEDED) for _ in range(3)]
-    Evidence.objects.create(operation=doomed[0], reconciler="r", query={"q": 1},
-                            observed={"o": 1}, verdict="found", created_at=timezone.now())
-    redacted = OperationFactory(state=State.SUCCEEDED, intent={"secret": "plans"})
-    Evidence.objects.create(operation=redacted, reconciler="r", query={"q": "plans"},
-                            observed={"o": "plans"}, verdict="found",
-                            created_at=timezone.now())
+    # Evidence as the reconciler writes it: sealed by the event of its verdict.
+    doomed = [OperationFactory(state=State.SUCCEEDED) for _ in range(2)]
+    doomed.append(OperationFactory(state=State.RECONCILING))
+    add_evidence(doomed[2], verdict="found", to_state=State.SUCCEEDED, query={"q": 1},
+                 observed={"o": 1})
+    redacted = OperationFactory(state=State.RECONCILING, intent={"secret": "plans"})
+    add_evidence(redacted, verdict="found", to_state=State.SUCCEEDED, query={"q": "plans"},
+                 observed={"o": "plans"})
     kept = OperationFactory(state=State.SUCCEEDED)  # its events follow the purged ones
     for op in doomed:
         complete_days_ago(op, 40)

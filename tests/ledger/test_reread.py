@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from demo.simulated.articles import ArticleRejected, ArticlesClient, ArticlesService
-from ledger import leases, receipts, reconcile, selectors
+from ledger import chain, leases, receipts, reconcile, selectors
 from ledger.errors import StaleFencingToken
 from ledger.models import Evidence, Operation, OperationEvent
 from ledger.models.operations import Conflict
@@ -225,9 +225,14 @@ def test_one_effect_is_confirmed_with_evidence_and_the_re_read_is_done(monkeypat
     later(monkeypatch, timedelta(seconds=10))
     assert reconcile.reread_due(worker="w1") == 0
     op.refresh_from_db()
-    assert (op.conflict, op.reread_due_at, op.version) == ("", None, version)
+    # The re-read is an event of its own (the state to itself), which seals its evidence.
+    assert (op.conflict, op.reread_due_at, op.version) == ("", None, version + 1)
     evidence = Evidence.objects.filter(operation=op).latest("id")
     assert evidence.verdict == "found" and "one effect, as recorded" in evidence.detail
+    event = op.events.get(version=version + 1)
+    assert (event.from_state, event.to_state, event.actor_kind) == (
+        "succeeded", "succeeded", "reconciler")
+    assert chain.verify(actor="test").is_intact
     assert evidence.query["method"] == "reread"
     reconcile.run_once(worker="w1")
     assert [op.operation_id] == ASKED  # done: not asked twice
@@ -262,8 +267,8 @@ def test_several_effects_on_an_operation_already_flagged_as_a_twin_keep_the_flag
     later(monkeypatch, timedelta(seconds=10))
     assert reconcile.reread_due(worker="w1") == 0
     op.refresh_from_db()
-    assert (op.conflict, op.reread_due_at, op.version) == ("duplicate", None, version)
-    assert op.events.count() == events
+    assert (op.conflict, op.reread_due_at, op.version) == ("duplicate", None, version + 1)
+    assert op.events.count() == events + 1  # the re-read's own, sealing its evidence
     assert "2 effects" in Evidence.objects.filter(operation=op).latest("id").detail
 
 
