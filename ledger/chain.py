@@ -46,7 +46,7 @@ from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from ledger.canonical import canonical_json
+from ledger.canonical import REDACTED, canonical_json
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 from ledger.states import ActorKind
 
@@ -198,6 +198,9 @@ def operation_event_payload(event) -> dict[str, Any]:
 # still verifies from the payload digests the seal kept.
 
 _PAYLOADS = ("query", "observed", "detail")
+# What retention's redaction leaves in an intent or evidence payload (ledger.retention
+# uses it from here: the seal must know it, and retention already imports this module).
+REDACTED_PAYLOAD = {"retention": REDACTED}
 
 
 def _sha256(text: str) -> str:
@@ -234,8 +237,6 @@ def _unseal(row, seal: dict[str, Any]) -> tuple[str, str] | None:
     if row.redacted_at is None:
         payloads = {name: _payload_digest(getattr(row, name)) for name in _PAYLOADS}
     else:
-        from ledger.retention import REDACTED_PAYLOAD
-
         held = {"query": row.query, "observed": row.observed, "detail": row.detail}
         marker = {"query": REDACTED_PAYLOAD, "observed": REDACTED_PAYLOAD, "detail": ""}
         if held != marker or row.operation_redacted_at is None:

@@ -32,8 +32,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import access
-from ledger.canonical import REDACTED
+from ledger import access, chain
 from ledger.errors import InvalidInput
 from ledger.inputs import (
     check_duration,
@@ -48,8 +47,9 @@ from ledger.models import (
 )
 from ledger.states import TERMINAL
 
-# What a redacted intent, evidence query or observation holds instead of its payload.
-REDACTED_PAYLOAD = {"retention": REDACTED}
+# What a redacted intent, evidence query or observation holds instead of its payload
+# (defined beside the evidence seals, which account for it).
+REDACTED_PAYLOAD = chain.REDACTED_PAYLOAD
 MAX_DAYS = 36500
 _WILDCARDS = "*?"
 MAX_PAUSE = timedelta(minutes=1)
