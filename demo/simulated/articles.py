@@ -15,8 +15,10 @@ only, on a random port. It misbehaves on demand, per server (attributes) or per 
   key but does not enforce it), so only the ledger prevents duplicates.
 
 Endpoints: POST /articles (JSON title, body; header Idempotency-Key; 422 when the title is
-empty), GET /articles/<id>, GET /articles?idempotency_key=K,
-GET /articles?fingerprint=F&since=ISO&limit=N (bounded: at most N, with `truncated`).
+empty), GET /articles/<id>, GET /articles/by-key/<key> (404 when no article has the key),
+GET /articles?idempotency_key=K, GET /articles?fingerprint=F&since=ISO&limit=N (bounded:
+at most N, with `truncated`), GET /articles?since=ISO&limit=N (the newest N articles
+committed since, newest first: `items`). Every read carries `consistent_as_of`.
 
 `ArticlesReconciler`, registered for "articles.create", reads the service named by the
 operation's target: lookup by external id or idempotency key, else a bounded search on the
@@ -35,7 +37,7 @@ from collections import deque
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from ledger import reconcile
 from ledger.canonical import fingerprint, redact
@@ -241,6 +243,9 @@ def _handler_for(service: ArticlesService):
             parts = urlsplit(self.path)
             params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
             shown, horizon = service._visible()
+            if parts.path.startswith("/articles/by-key/"):
+                return self._by_key(shown, horizon, unquote(parts.path.removeprefix(
+                    "/articles/by-key/")))
             if parts.path.startswith("/articles/"):
                 wanted = parts.path.removeprefix("/articles/")
                 for article in shown:
@@ -258,7 +263,29 @@ def _handler_for(service: ArticlesService):
                 return self._send(200, {"matches": matches, "consistent_as_of": _iso(horizon)})
             if "fingerprint" in params:
                 return self._search(shown, horizon, params)
-            return self._send(400, {"error": "expected idempotency_key or fingerprint"})
+            if "limit" in params:
+                return self._list(shown, horizon, params)
+            return self._send(400, {"error": "expected idempotency_key, fingerprint or limit"})
+
+        def _by_key(self, shown, horizon, key):
+            if not service.key_lookup:
+                return self._send(501, {"error": "lookup by idempotency key unavailable"})
+            for article in shown:
+                if key and article["idempotency_key"] == key:
+                    return self._send(200, {"article": article,
+                                            "consistent_as_of": _iso(horizon)})
+            return self._send(404, {"error": f"no article with key {key}",
+                                    "consistent_as_of": _iso(horizon)})
+
+        def _list(self, shown, horizon, params):
+            try:
+                limit = max(1, min(int(params["limit"]), 100))
+                since = datetime.fromisoformat(params.get("since") or "1970-01-01T00:00:00+00:00")
+            except ValueError:
+                return self._send(400, {"error": "expected an integer limit and an ISO since"})
+            recent = [a for a in reversed(shown)
+                      if datetime.fromisoformat(a["committed_at"]) >= since]
+            self._send(200, {"items": recent[:limit], "consistent_as_of": _iso(horizon)})
 
         def _search(self, shown, horizon, params):
             try:
