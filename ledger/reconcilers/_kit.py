@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import string
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +22,9 @@ TEMPLATE_FIELDS = ("idempotency_key", "external_id", "operation_id", "operation"
 # Engine tuning a kit passes on to its Reconciler class.
 TUNING = ("grace_period", "backoff_initial", "backoff_max", "lease_ttl", "max_failures")
 MAX_BODY_CHARS = 20_000
+
+_clients: dict[int, Any] = {}
+_clients_lock = threading.Lock()
 
 
 def template_fields(template: str) -> set[str]:
@@ -87,11 +92,12 @@ def get(url: str, *, headers: Mapping[str, str] | Callable | None, op: Operation
     import httpx  # a dependency of the mcp SDK; imported here so that `ledger` loads without
 
     sent = headers(op) if callable(headers) else dict(headers or {})
-    if client is not None:
-        response = client.get(url, headers=sent, timeout=timeout)
-    else:
-        with httpx.Client(timeout=timeout) as session:
-            response = session.get(url, headers=sent)
+    if client is None:
+        with _clients_lock:
+            client = _clients.get(os.getpid())
+            if client is None:  # one per process: a new client costs a TLS context each time
+                client = _clients[os.getpid()] = httpx.Client(follow_redirects=False)
+    response = client.get(url, headers=sent, timeout=timeout)
     try:
         return response.status_code, response.json()
     except ValueError:
