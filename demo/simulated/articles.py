@@ -20,13 +20,15 @@ only, on a random port. It misbehaves on demand, per server (attributes) or per 
   key but does not enforce it), so only the ledger prevents duplicates.
 
 Endpoints: POST /articles (JSON title, body; header Idempotency-Key; 422 when the title is
-empty), GET /articles/<id>, GET /articles?idempotency_key=K,
-GET /articles?fingerprint=F&since=ISO&limit=N (bounded: at most N, with `truncated`).
+empty), GET /articles/<id>, GET /articles/by-key/<key> (404 when no article has the key),
+GET /articles?idempotency_key=K, GET /articles?fingerprint=F&since=ISO&limit=N (bounded:
+at most N, with `truncated`), GET /articles?since=ISO&limit=N (the newest N articles
+committed since, newest first: `items`). Every read carries `consistent_as_of`.
 
-`ArticlesReconciler`, registered for "articles.create", reads the service named by the
-operation's target: lookup by external id or idempotency key, else a bounded search on the
-content fingerprint. It never treats a read inside the consistency window as proof of
-absence (NotYet). It never talks to anything but 127.0.0.1.
+`ArticlesReconciler`, registered for "articles.create", is built from the reconciler kits
+(`ledger.reconcilers`): a look-up by idempotency key, else a bounded listing matched on
+title and body. It never treats a read inside the consistency window as proof of absence
+(NotYet). It never talks to anything but 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -34,15 +36,16 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import socket
 import threading
 import time
 from collections import deque
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
-from ledger import reconcile
+from ledger import reconcile, reconcilers
 from ledger.canonical import fingerprint, redact
 from ledger.models import Operation
 
@@ -97,6 +100,7 @@ class ArticlesService:
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._connections: set[socket.socket] = set()
 
     # life cycle
     def start(self) -> ArticlesService:
@@ -109,12 +113,21 @@ class ArticlesService:
         return self
 
     def stop(self) -> None:
+        """Stop listening and drop every open connection, as a stopped service would (a
+        client's kept-alive connection must not reach a handler that outlived the server)."""
         for timer in self._timers:
             timer.cancel()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        with self._lock:
+            open_connections, self._connections = list(self._connections), set()
+        for conn in open_connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the client
 
     def __enter__(self) -> ArticlesService:
         return self.start()
@@ -235,6 +248,16 @@ def _handler_for(service: ArticlesService):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def setup(self):
+            super().setup()
+            with service._lock:
+                service._connections.add(self.connection)
+
+        def finish(self):
+            with service._lock:
+                service._connections.discard(self.connection)
+            super().finish()
+
         def log_message(self, format, *args):  # quiet: tests and the demo print their own
             pass
 
@@ -284,6 +307,9 @@ def _handler_for(service: ArticlesService):
             parts = urlsplit(self.path)
             params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
             shown, horizon = service._visible()
+            if parts.path.startswith("/articles/by-key/"):
+                return self._by_key(shown, horizon, unquote(parts.path.removeprefix(
+                    "/articles/by-key/")))
             if parts.path.startswith("/articles/"):
                 wanted = parts.path.removeprefix("/articles/")
                 for article in shown:
@@ -301,7 +327,29 @@ def _handler_for(service: ArticlesService):
                 return self._send(200, {"matches": matches, "consistent_as_of": _iso(horizon)})
             if "fingerprint" in params:
                 return self._search(shown, horizon, params)
-            return self._send(400, {"error": "expected idempotency_key or fingerprint"})
+            if "limit" in params:
+                return self._list(shown, horizon, params)
+            return self._send(400, {"error": "expected idempotency_key, fingerprint or limit"})
+
+        def _by_key(self, shown, horizon, key):
+            if not service.key_lookup:
+                return self._send(501, {"error": "lookup by idempotency key unavailable"})
+            for article in shown:
+                if key and article["idempotency_key"] == key:
+                    return self._send(200, {"article": article,
+                                            "consistent_as_of": _iso(horizon)})
+            return self._send(404, {"error": f"no article with key {key}",
+                                    "consistent_as_of": _iso(horizon)})
+
+        def _list(self, shown, horizon, params):
+            try:
+                limit = max(1, min(int(params["limit"]), 100))
+                since = datetime.fromisoformat(params.get("since") or "1970-01-01T00:00:00+00:00")
+            except ValueError:
+                return self._send(400, {"error": "expected an integer limit and an ISO since"})
+            recent = [a for a in reversed(shown)
+                      if datetime.fromisoformat(a["committed_at"]) >= since]
+            self._send(200, {"items": recent[:limit], "consistent_as_of": _iso(horizon)})
 
         def _search(self, shown, horizon, params):
             try:
@@ -381,93 +429,43 @@ class ArticlesClient:
 
 # --- the reconciler --------------------------------------------------------------------------
 
+# The service's fingerprint-free listing, matched on the intent's title and body: what the
+# look-up falls back on while the key index is down (501). Reads that may predate the
+# submission (`consistent_as_of`, the lag window) are NotYet, never proof of absence.
+_recent_articles = reconcilers.list_and_match(
+    None, url="{target}?since={since}&limit={limit}", items="items", match=("title", "body"),
+    limit=20, consistent_as_of="consistent_as_of",
+)
+
 
 @reconcile.register("articles.create")
-class ArticlesReconciler(reconcile.Reconciler):
-    """Reads the simulated service named by the operation's target.
+class ArticlesReconciler(reconcilers.http_lookup(
+    None, url="{target}/by-key/{idempotency_key}", external_id="article.id",
+    consistent_as_of="consistent_as_of", fall_back_on=(501,), search=_recent_articles,
+)):
+    """The kits of `ledger.reconcilers`, for the simulated service named by the target.
 
-    lookup: by external id when the receipt has one, else by idempotency key (None when the
-    key index answers 501). search: articles with the content fingerprint of the intent's
-    title and body, committed since shortly before the operation was recorded, at most
-    `search_limit`; matches already attributed to another operation are left out. Absence
-    counts as proof only when the service's `consistent_as_of` is later than the
-    submission (plus `clock_skew`); before that it is NotYet.
+    lookup: GET <target>/by-key/<idempotency key> (404 absent, 200 found); while the key
+    index answers 501, search: the newest 20 articles since shortly before the operation
+    was recorded, matched on title and body, leaving out articles another operation owns.
+    A target that is not the simulated service on 127.0.0.1 is never read: a person checks.
     """
 
     name = "articles.create (simulated service)"
     grace_period = timedelta(minutes=5)
-    search_limit = 20
-    search_margin = timedelta(minutes=1)
-    clock_skew = timedelta(0)
-    timeout = 5.0
 
     def lookup(self, op: Operation):
-        client = self._client(op)
-        if client is None:
-            return reconcile.Ambiguous(
-                reason=f"target {op.target!r} is not a simulated articles service on {HOST}; "
-                "a person must check it"
-            )
-        if op.external_id:
-            status, answer = client.get(op.external_id)
-            query = {"method": "lookup", "external_id": op.external_id}
-            if status == 200:
-                return reconcile.Found(op.external_id, answer, query=query,
-                                       matched_by="external_id")
-            _expect(status in (404,), status, answer)
-        status, answer = client.find_by_key(op.idempotency_key)
-        if status == 501:
-            return None
-        _expect(status == 200, status, answer)
-        query = {"method": "lookup", "idempotency_key": op.idempotency_key}
-        return self._judge(op, answer, query, "idempotency_key")
+        return _elsewhere(op) or super().lookup(op)
 
     def search(self, op: Operation):
-        client = self._client(op)
-        if client is None:
-            return reconcile.Ambiguous(reason=f"target {op.target!r} cannot be searched")
-        intent = op.intent or {}
-        wanted = content_fingerprint(intent.get("title"), intent.get("body", ""))
-        since = op.created_at - self.search_margin
-        status, answer = client.search(wanted, since=since, limit=self.search_limit)
-        _expect(status == 200, status, answer)
-        query = {"method": "search", "fingerprint": wanted, "since": _iso(since),
-                 "limit": self.search_limit}
-        if answer.get("truncated"):
-            return reconcile.Ambiguous(
-                answer, reason=f"more than {self.search_limit} articles match the fingerprint",
-                query=query, matched_by="fingerprint",
-            )
-        claimed = set(
-            Operation.objects.filter(tenant=op.tenant, operation=op.operation,
-                                     external_id__in=[m["id"] for m in answer["matches"]])
-            .exclude(pk=op.pk).values_list("external_id", flat=True)
-        )
-        answer = {**answer, "matches": [m for m in answer["matches"] if m["id"] not in claimed],
-                  "attributed_to_other_operations": sorted(claimed)}
-        return self._judge(op, answer, query, "fingerprint")
-
-    def _judge(self, op: Operation, answer: dict, query: dict, matched_by: str):
-        matches = answer.get("matches", [])
-        if len(matches) == 1:
-            return reconcile.Found(matches[0]["id"], answer, query=query, matched_by=matched_by)
-        if len(matches) > 1:
-            return reconcile.Ambiguous(
-                answer, reason=f"{len(matches)} articles match by {matched_by}",
-                query=query, matched_by=matched_by,
-            )
-        horizon = datetime.fromisoformat(answer["consistent_as_of"])
-        if op.submitted_at is None or horizon < op.submitted_at + self.clock_skew:
-            return reconcile.NotYet(answer, query=query)
-        return reconcile.ProvenAbsent(answer, query=query, matched_by=matched_by)
-
-    def _client(self, op: Operation) -> ArticlesClient | None:
-        parts = urlsplit(op.target)
-        if parts.hostname != HOST or parts.port is None:
-            return None
-        return ArticlesClient(f"http://{HOST}:{parts.port}", timeout=self.timeout)
+        return _elsewhere(op) or super().search(op)
 
 
-def _expect(ok: bool, status: int, answer: dict) -> None:
-    if not ok:
-        raise ServiceError(f"unexpected answer {status} from the articles service: {answer}")
+def _elsewhere(op: Operation):
+    parts = urlsplit(op.target)
+    if parts.scheme == "http" and parts.hostname == HOST and parts.port is not None:
+        return None
+    return reconcile.Ambiguous(
+        reason=f"target {op.target!r} is not a simulated articles service on {HOST}; "
+        "a person must check it"
+    )
