@@ -15,10 +15,11 @@ first; human decisions on facts register the same way. A purge that deletes link
 
 What an operation event's link covers has a format (`OperationEvent.chain_format`):
 format 1 the transition alone; format 2 (`CURRENT_FORMAT`, every event written since) also
-the operation's `external_id` after the move and the seal of the `Evidence` row the
-reconciler wrote with it (`evidence_seal`: the row's digest, so the row itself cannot be
-rewritten unseen; retention's redaction of its payloads is accounted for). Old events keep
-verifying the way they were written.
+the operation's `external_id` after the move, the deciding user of a person's event
+(`decided_by`) and the seal of the `Evidence` row the reconciler wrote with it
+(`evidence_seal`: the row's digest, so the row itself cannot be rewritten unseen;
+retention's redaction of its payloads is accounted for). Old events keep verifying the
+way they were written.
 
 `verify` checks, besides every link:
 - the chain heads recorded by earlier intact verifications, and any heads the caller
@@ -185,7 +186,7 @@ def operation_event_payload(event) -> dict[str, Any]:
     # getattr: migration 0004 chained the events of its day with this, before the column.
     if getattr(event, "chain_format", 1) >= 2:
         payload.update(chain_format=event.chain_format, external_id=event.external_id,
-                       evidence_seal=event.evidence_seal)
+                       evidence_seal=event.evidence_seal, decided_by=event.decided_by_id)
     return payload
 
 

@@ -463,6 +463,7 @@ def _event(
         from_state=from_state, to_state=to_state, actor_kind=actor_kind, actor_id=actor_id,
         reason=reason, evidence=evidence, fencing_token=fencing_token, created_at=now,
         chain_format=chain.CURRENT_FORMAT, external_id=external_id, evidence_seal=seal,
+        decided_by_id=decided_by,
     ))
     return {
         "from_state": from_state, "to_state": to_state, "to_version": version,
