@@ -28,9 +28,10 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # What an identifier may not hold besides: every other control character (C0, DEL, C1),
 # the line and paragraph separators.
 _NOT_IN_IDENTIFIER = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-# Largest integer a JSON value may hold: 64 bits either way (what other JSON readers can
-# take, and far below Python's own limit on printing digits).
-MAX_JSON_INT_BITS = 64
+# Longest integer a JSON value may hold, in digits: far beyond any count or id, far below
+# Python's own limit on printing digits (4,300), which would otherwise fail naming nothing.
+MAX_JSON_INT_DIGITS = 100
+_JSON_INT_LIMIT = 10**MAX_JSON_INT_DIGITS
 # The marker ending a text cut to its size.
 CUT_MARKER = " [... cut: {cut:,} more characters]"
 
@@ -157,7 +158,7 @@ def check_json(value: Any, *, what: str = "intent", max_depth: int | None = None
     path of what is wrong (`intent.items[3].n`); returns `value`.
 
     Plain JSON: dicts with string keys, lists or tuples, strings, finite floats, integers
-    of at most 64 bits, booleans and None; strings and keys without NUL or unpaired
+    of at most 100 digits, booleans and None; strings and keys without NUL or unpaired
     surrogates; nested at most `max_depth` (default `LEDGER_MAX_JSON_DEPTH`) levels; no
     container inside itself. Walked with a stack of its own, never by recursion, so no
     input can exhaust Python's.
@@ -173,12 +174,12 @@ def check_json(value: Any, *, what: str = "intent", max_depth: int | None = None
             _unstorable(node, here)
             continue
         if isinstance(node, int):
-            if node.bit_length() > MAX_JSON_INT_BITS:
+            if not -_JSON_INT_LIMIT < node < _JSON_INT_LIMIT:
                 digits = int(node.bit_length() * math.log10(2)) + 1
                 raise InvalidInput(
-                    f"expected {here} to be an integer of at most {MAX_JSON_INT_BITS} bits "
-                    f"(about 19 digits), found one of about {digits:,} digits; store large "
-                    "numbers as strings"
+                    f"expected {here} to be an integer of at most {MAX_JSON_INT_DIGITS} "
+                    f"digits, found one of about {digits:,} digits; store such numbers as "
+                    "strings"
                 )
             continue
         if isinstance(node, float):
