@@ -75,7 +75,7 @@ def assert_fact(
     check_run_ref(run)
     check_fencing_token(fencing_token)
     if expected_version is not None:
-        check_whole_number(expected_version, low=1,
+        check_whole_number(expected_version, low=1, high=2**63 - 1,
                            expected="expected_version to be None or a version number >= 1")
     check_aware(observed_at, "observed_at")
     check_json(value, what="value")

@@ -223,6 +223,9 @@ def check_json(value: Any, *, what: str = "intent", max_depth: int | None = None
 
 
 def _short_repr(value: Any) -> str:
+    if isinstance(value, int) and value.bit_length() > 1000:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"an integer of about {digits:,} digits"
     try:
         text = repr(value)
     except Exception:  # noqa: BLE001 - a refusal must not fail on the value it refuses
@@ -275,7 +278,7 @@ def check_whole_number(value: Any, *, low: int, high: int | None = None, expecte
     found <value>"."""
     if (isinstance(value, bool) or not isinstance(value, int) or value < low
             or (high is not None and value > high)):
-        raise InvalidInput(f"expected {expected}, found {value!r}")
+        raise InvalidInput(f"expected {expected}, found {_short_repr(value)}")
     return value
 
 

@@ -31,7 +31,7 @@ def _check_names(resource: str, owner: str | None = None, token: Any = ...) -> N
         check_identifier(owner, "owner", 200)
     if token is not ...:
         if token is None:
-            raise InvalidInput("expected a fencing token (a positive integer), found None")
+            raise InvalidInput("expected a fencing_token (a positive integer), found None")
         check_fencing_token(token)
 
 

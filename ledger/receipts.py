@@ -159,8 +159,8 @@ def _check_mark(op: Any, fencing_token: Any, expected_version: Any, actor: Any) 
         check_whole_number(fencing_token, low=1, expected="fencing_token to be a positive "
                            "integer or None")
     if expected_version is not None:
-        check_whole_number(expected_version, low=1, expected="expected_version to be a "
-                           "positive integer or None")
+        check_whole_number(expected_version, low=1, high=2**63 - 1,
+                           expected="expected_version to be a positive integer or None")
     check_optional_identifier(actor, "actor", 200)
 
 
@@ -241,6 +241,8 @@ def mark_succeeded(
 ) -> Operation:
     """submitted -> succeeded, with the external system's id when it gave one."""
     _check_mark(op, fencing_token, expected_version, actor)
+    if evidence is not None:
+        check_json(evidence, what="evidence")
     changes = {}
     if external_id is not None:
         external_id = scrub_text(check_identifier(external_id, "external_id", 500))
