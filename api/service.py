@@ -10,14 +10,13 @@ the ledger's own `LedgerError`, which each surface turns into its error format.
 
 from __future__ import annotations
 
-import functools
 import inspect
-import re
 from datetime import datetime, timedelta
 from typing import Any
 
 from ledger import access, facts, obligations, receipts, rows, runs
 from ledger.errors import InvalidInput, NotFound, PermissionDenied
+from ledger.inputs import check_identifier, check_optional_identifier
 from ledger.models import AgentKey, Evidence, Fact, Obligation, Operation, OperationEvent, Run
 from ledger.prepared import prepared_cursor
 from ledger.states import RetryPolicy
@@ -29,53 +28,23 @@ MAX_PAGE = 200
 OUTCOMES = ("submitted", "succeeded", "rejected", "outcome_unknown")
 
 
-# --- text from the network --------------------------------------------------------------
+# --- arguments from the network --------------------------------------------------------
+#
+# Every argument goes through the ledger's one gate (`ledger.inputs`): here for what this
+# layer itself looks up before calling the ledger, in the ledger for the rest. A NUL or an
+# unpaired surrogate in a name is refused (InvalidInput, 422); in free text (a detail, an
+# objective) it is recorded as U+FFFD by the ledger.
 
-# What JSON can carry but PostgreSQL text cannot store: NUL, and UTF-16 halves without their
-# pair (valid in a JSON escape, not in UTF-8).
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def _storable(value: Any) -> Any:
-    """`value` with every unstorable character replaced by U+FFFD, walked iteratively (a
-    deeply nested body cannot exhaust the stack here; the ledger refuses it by its limits)."""
-    if isinstance(value, str):
-        return _UNSTORABLE.sub("\ufffd", value)
-    if not isinstance(value, dict | list):
-        return value
-    root = [value]
-    stack = [(root, 0, value)]
-    while stack:
-        parent, slot, node = stack.pop()
-        if isinstance(node, str):
-            parent[slot] = _UNSTORABLE.sub("\ufffd", node)
-        elif isinstance(node, list):
-            copy = list(node)
-            parent[slot] = copy
-            stack.extend((copy, i, item) for i, item in enumerate(copy))
-        elif isinstance(node, dict):
-            copy = {}
-            parent[slot] = copy
-            for k, item in node.items():
-                k = _UNSTORABLE.sub("\ufffd", k) if isinstance(k, str) else k
-                copy[k] = None
-                stack.append((copy, k, item))
-        else:
-            parent[slot] = node
-    return root[0]
+# Longest in-flight window or lease an agent may ask for over the network, in seconds.
+MAX_SECONDS = 7 * 24 * 3600
 
 
-def storable_arguments(fn):
-    """Text from the network made storable before the ledger sees it: a NUL or an unpaired
-    surrogate in any argument would otherwise fail in the database driver, not in the
-    ledger's checks."""
-
-    @functools.wraps(fn)
-    def wrapped(key, *args, **kwargs):
-        return fn(key, *[_storable(a) for a in args],
-                  **{name: _storable(value) for name, value in kwargs.items()})
-
-    return wrapped
+def _seconds(value: Any, name: str) -> timedelta:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 <= value <= MAX_SECONDS):
+        raise InvalidInput(f"expected {name} to be a number of seconds from 0 to "
+                           f"{MAX_SECONDS}, found {value!r}")
+    return timedelta(seconds=value)
 
 
 # --- fetch and check ---------------------------------------------------------------------
@@ -97,6 +66,7 @@ def access_operation(key: AgentKey, operation_id: str) -> Operation:
     mark of every agent: one prepared statement, without the ORM's query compilation."""
     if not isinstance(operation_id, str) or not 0 < len(operation_id) <= 40:
         raise NotFound(f"expected an operation id, found {operation_id!r}")
+    check_identifier(operation_id, "operation_id", 40)
     tenants = access.tenants_for(key)
     with prepared_cursor() as cursor:
         cursor.execute(_ACCESS_OPERATION,
@@ -113,6 +83,7 @@ def access_operation(key: AgentKey, operation_id: str) -> Operation:
 def access_run(key: AgentKey, run_id: str) -> Run:
     if not isinstance(run_id, str) or not 0 < len(run_id) <= 100:
         raise NotFound(f"expected a run id, found {run_id!r}")
+    check_identifier(run_id, "run_id", 100)
     found = _visible(key, Run.objects.filter(run_id=run_id)).first()
     if found is None:
         raise NotFound(f"expected run {run_id!r} among the tenants you may see, found none")
@@ -122,6 +93,7 @@ def access_run(key: AgentKey, run_id: str) -> Run:
 def access_obligation(key: AgentKey, obligation_key: str) -> Obligation:
     if not isinstance(obligation_key, str) or not 0 < len(obligation_key) <= 200:
         raise NotFound(f"expected an obligation key, found {obligation_key!r}")
+    check_identifier(obligation_key, "obligation_key", 200)
     found = _visible(key, Obligation.objects.filter(key=obligation_key)).first()
     if found is None:
         raise NotFound(
@@ -133,6 +105,7 @@ def access_obligation(key: AgentKey, obligation_key: str) -> Obligation:
 def tenant_for(key: AgentKey, tenant: str | None) -> str:
     """The tenant a write goes to: the one named (which the key must see), or the key's
     only tenant, or "default" when the key sees it."""
+    check_optional_identifier(tenant, "tenant", 100)
     if tenant is None:
         if len(key.tenants) == 1:
             return key.tenants[0]
@@ -152,7 +125,6 @@ def tenant_for(key: AgentKey, tenant: str | None) -> str:
 # --- operations --------------------------------------------------------------------------
 
 
-@storable_arguments
 def record_intent(
     key: AgentKey,
     *,
@@ -181,7 +153,6 @@ def record_intent(
     return operation_dict(op), op.recorded_now
 
 
-@storable_arguments
 def mark(
     key: AgentKey,
     operation_id: str,
@@ -206,7 +177,7 @@ def mark(
                     "expected no in_flight_seconds (this ledger has no in-flight window), "
                     f"found {in_flight_seconds!r}"
                 )
-            common["in_flight_for"] = timedelta(seconds=in_flight_seconds)
+            common["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
         op = receipts.mark_submitted(op, **common)
     elif outcome == "succeeded":
         op = receipts.mark_succeeded(op, external_id=external_id, evidence=evidence, **common)
@@ -219,7 +190,6 @@ def mark(
     return operation_dict(op)
 
 
-@storable_arguments
 def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     """The receipt with its events (oldest first) and evidence. Three queries."""
     op = access_operation(key, operation_id)
@@ -234,7 +204,6 @@ def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     return data
 
 
-@storable_arguments
 def list_operations(
     key: AgentKey,
     *,
@@ -248,6 +217,9 @@ def list_operations(
     `cursor` for the next page (None on the last). One query per page."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"expected limit between 1 and {MAX_PAGE}, found {limit!r}")
+    for name, value in (("state", state), ("operation", operation), ("tenant", tenant),
+                        ("cursor", cursor)):
+        check_optional_identifier(value, name, 200)
     rows = _visible(key, Operation.objects.select_related("run", "step"))
     if tenant is not None:
         rows = rows.filter(tenant=tenant)
@@ -269,12 +241,10 @@ def list_operations(
 # --- facts -------------------------------------------------------------------------------
 
 
-@storable_arguments
 def read_facts(key: AgentKey, subject: str, *, tenant: str | None = None) -> list[dict]:
     return [fact_dict(f) for f in facts.read_facts(subject, tenant=tenant_for(key, tenant))]
 
 
-@storable_arguments
 def assert_fact(
     key: AgentKey,
     *,
@@ -293,8 +263,7 @@ def assert_fact(
     run_obj = access_run(key, run) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
-    if source is not None and (not isinstance(source, str) or not source.strip()):
-        raise InvalidInput(f"expected source to be a non-empty string, found {source!r}")
+    check_optional_identifier(source, "source", 400)
     fact = facts.assert_fact(
         subject, predicate, value, source=key.name + (f"/{source}" if source else ""),
         observed_at=observed_at, expected_version=expected_version,
@@ -306,10 +275,10 @@ def assert_fact(
 # --- runs and obligations ----------------------------------------------------------------
 
 
-@storable_arguments
 def start_run(
     key: AgentKey, *, objective: str, tenant: str | None = None, run_id: str | None = None
 ) -> dict[str, Any]:
+    check_optional_identifier(run_id, "run_id", 100)
     if run_id is not None:
         existing = Run.objects.filter(run_id=run_id).only("tenant").first()
         if existing is not None and not access.can_see(key, existing.tenant):
@@ -319,7 +288,6 @@ def start_run(
     return run_dict(run)
 
 
-@storable_arguments
 def add_step(
     key: AgentKey, run_id: str, *, step_id: str, depends_on: list[str] | None = None
 ) -> dict[str, Any]:
@@ -329,17 +297,15 @@ def add_step(
             "depends_on": sorted(depends_on or ())}
 
 
-@storable_arguments
 def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None) -> dict[str, Any]:
     """Take the run's lease for this key's agent; the view carries the fencing `token`."""
     run = access_run(key, run_id)
     kwargs = {}
     if ttl_seconds is not None:
-        kwargs["ttl"] = timedelta(seconds=ttl_seconds)
+        kwargs["ttl"] = _seconds(ttl_seconds, "ttl_seconds")
     return runs.resume(run, worker=key.name, **kwargs).as_dict()
 
 
-@storable_arguments
 def open_obligation(
     key: AgentKey,
     *,
@@ -350,8 +316,8 @@ def open_obligation(
     fencing_token: int | None = None,
 ) -> dict[str, Any]:
     run_obj = access_run(key, run)
-    existing = Obligation.objects.filter(key=obligation_key).only("tenant").first() \
-        if isinstance(obligation_key, str) else None
+    check_identifier(obligation_key, "obligation_key", 200)
+    existing = Obligation.objects.filter(key=obligation_key).only("tenant").first()
     if existing is not None and not access.can_see(key, existing.tenant):
         raise InvalidInput(f"expected obligation key {obligation_key!r} to be new, found it "
                            "taken")
@@ -360,7 +326,6 @@ def open_obligation(
     return obligation_dict(obligation, run_obj)
 
 
-@storable_arguments
 def commit_obligation(
     key: AgentKey, obligation_key: str, *, result: Any, fencing_token: int | None = None
 ) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.errors import PermissionDenied
-from ledger.inputs import check_text
+from ledger.inputs import check_identifier
 from ledger.models import TenantAccess, TenantAccessChange
 
 
@@ -18,7 +18,7 @@ def grant(user, tenant: str, *, by=None) -> TenantAccess:
     Without `by` (code: management commands, the demo seed) the grant is audited with no
     acting user.
     """
-    check_text(tenant, "tenant", 100)
+    check_identifier(tenant, "tenant", 100)
     if by is not None:
         require_perm(by, "ledger.add_tenantaccess", doing="grant tenant access")
         require_tenant(by, tenant)
@@ -35,6 +35,7 @@ def revoke(user, tenant: str, *, by=None) -> bool:
 
     `by`, the person revoking it, needs `ledger.delete_tenantaccess` and the tenant.
     """
+    check_identifier(tenant, "tenant", 100)
     if by is not None:
         require_perm(by, "ledger.delete_tenantaccess", doing="revoke tenant access")
         require_tenant(by, tenant)

@@ -36,13 +36,22 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from ledger import conf, receipts, runs, transitions
-from ledger.canonical import canonical_json, check_json, redact, scrub_text
+from ledger.canonical import canonical_json, redact, scrub_text
 from ledger.errors import (
     InvalidInput,
     OutcomeUnknown,
     Rejected,
     StaleVersion,
     UnstorableResult,
+)
+from ledger.inputs import (
+    check_choice,
+    check_identifier,
+    check_json,
+    check_operation_name,
+    check_paths,
+    check_string,
+    storable,
 )
 from ledger.models import Operation, Run
 from ledger.states import RetryPolicy, State
@@ -128,8 +137,24 @@ def action(
     The ledger never retries: a safe_to_retry operation is sent again when the agent calls
     again (see `retries_due`).
     """
-    redact_paths = tuple(redact)
-    fields = None if fingerprint_fields is None else tuple(fingerprint_fields)
+    # Checked once, where the action is declared: a malformed declaration fails at import.
+    check_operation_name(operation)
+    if check_string(target, "target", 2000):
+        check_identifier(target, "target", 2000)
+    check_identifier(tenant, "tenant", 100)
+    check_choice(retry_policy, "retry_policy", RetryPolicy.values)
+    if key is not None and not callable(key):
+        raise InvalidInput(f"expected key= to be a function or None, found {type(key).__name__}")
+    if external_id is not None and not callable(external_id):
+        raise InvalidInput(f"expected external_id= to be a function or None, found "
+                           f"{type(external_id).__name__}")
+    if not isinstance(rejections, tuple) or not all(
+            isinstance(r, type) and issubclass(r, BaseException) for r in rejections):
+        raise InvalidInput(f"expected rejections= to be a tuple of exception classes, found "
+                           f"{rejections!r}")
+    redact_paths = tuple(check_paths(redact, "redact"))
+    fields = (None if fingerprint_fields is None
+              else tuple(check_paths(fingerprint_fields, "fingerprint_fields")))
 
     def decorate(fn):
         signature = inspect.signature(fn)
@@ -178,8 +203,7 @@ def action(
             return value
 
         def failed(op: Operation, exc: BaseException) -> None:
-            code = type(exc).__name__
-            detail = scrub_text(str(exc))[:4000]
+            code, detail = receipts.failure_record(exc)
             token = op._ledger_fencing_token
             if rejections and isinstance(exc, rejections):
                 receipts.mark_rejected(op, error_code=code, detail=detail, fencing_token=token)
@@ -267,7 +291,16 @@ def _external_id(extract: Callable | None, value: Any) -> str | None:
         found = extract(value)
     except Exception:  # noqa: BLE001 - the effect happened; the id is a nicety
         return None
-    return None if found in (None, "") else str(found)[:500]
+    if found is None:
+        return None
+    try:
+        text = found if isinstance(found, str) else str(found)
+    except Exception:  # noqa: BLE001 - as above
+        return None
+    # The external system's own id, recorded as it came (only made storable): the effect
+    # happened, and refusing its id would lose the success.
+    text = storable(text.strip(), 500)
+    return text or None
 
 
 def _storable(value: Any) -> tuple[Any, str]:
@@ -304,6 +337,9 @@ def retries_due(*, tenant: str = "default", operation: str | None = None):
     The ledger never sends them itself: call the action again (same arguments, same key) and
     it is sent as attempt + 1.
     """
+    check_identifier(tenant, "tenant", 100)
+    if operation is not None:
+        check_operation_name(operation)
     qs = Operation.objects.filter(tenant=tenant, state=State.SAFE_TO_RETRY)
     if operation is not None:
         qs = qs.filter(operation=operation)
@@ -348,8 +384,7 @@ async def asubmit(op: Operation, rejections: tuple[type[BaseException], ...] = (
         yield attempt
     except BaseException as exc:
         if not attempt.finished:
-            code = type(exc).__name__
-            detail = scrub_text(str(exc))[:4000]
+            code, detail = receipts.failure_record(exc)
             if rejections and isinstance(exc, rejections):
                 await amark_rejected(op, error_code=code, detail=detail,
                                      fencing_token=fencing_token)

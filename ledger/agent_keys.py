@@ -28,8 +28,8 @@ from ledger.prepared import prepared_cursor
 
 # Recognisable in a leaked config file or a secret scanner's rules.
 SECRET_PREFIX = "alk_"
-_SECRET = re.compile(r"^alk_[A-Za-z0-9_-]{43}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")
+_SECRET = re.compile(r"alk_[A-Za-z0-9_-]{43}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}")
 
 
 def create(name: str, *, tenants: Iterable[str], user) -> tuple[AgentKey, str]:
@@ -85,7 +85,7 @@ def revoke(name: str, *, user) -> AgentKey:
 
 def authenticate(secret: str) -> AgentKey | None:
     """The live key whose secret this is, or None (malformed, unknown or revoked)."""
-    if not isinstance(secret, str) or not _SECRET.match(secret):
+    if not isinstance(secret, str) or not _SECRET.fullmatch(secret):
         return None
     digest = _hash(secret)
     # On every request of every agent: prepared, without the ORM's query compilation.
@@ -114,10 +114,10 @@ def _hash(secret: str) -> str:
 
 
 def _check_name(name) -> None:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidInput(
             "expected an agent name of letters, digits, '_', '.', ':' or '-' (at most 100, "
-            f"starting with a letter or digit), found {name!r}"
+            f"starting with a letter or digit), found {ascii(name)}"
         )
 
 

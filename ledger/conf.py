@@ -29,6 +29,11 @@ SETTINGS: dict[str, Setting] = {
         "Largest intent record_intent stores, in bytes of canonical JSON; more raises "
         "InvalidInput.",
     ),
+    "MAX_JSON_DEPTH": Setting(
+        64, "positive integer",
+        "Deepest nesting of a JSON value the ledger takes (intents, evidence, fact values, "
+        "results); deeper raises InvalidInput naming the path.",
+    ),
     "RECONCILE_MAX_FAILURES": Setting(
         3, "positive integer",
         "Reconciler errors in a row after which an operation goes to manual_review "

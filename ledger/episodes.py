@@ -12,7 +12,7 @@ from django.db import transaction
 from ledger import runs
 from ledger.canonical import scrub_text
 from ledger.errors import InvalidInput
-from ledger.inputs import check_string, check_text
+from ledger.inputs import check_identifier, check_run_ref, check_string, storable
 from ledger.models import Episode, Run
 
 MAX_CONTENT_CHARS = 1_000_000
@@ -27,7 +27,8 @@ def record(
     in either (`Bearer` values, `password=`, signed-URL parameters...) are masked before
     they are stored.
     """
-    check_text(role, "role", 50)
+    check_run_ref(run)
+    check_identifier(role, "role", 50)
     content_ref = scrub_text(check_string(content_ref, "content_ref", 1000))
     if content is not None and not isinstance(content, str):
         raise InvalidInput(f"expected content to be a string or None, found "
@@ -43,5 +44,7 @@ def record(
     with transaction.atomic(durable=True):
         return Episode.objects.create(
             run=run, tenant=run.tenant, role=role, content_ref=content_ref.strip(),
-            content=scrub_text(content) if content is not None else None,
+            # What was said is recorded as it was, only made storable.
+            content=scrub_text(storable(content, MAX_CONTENT_CHARS))
+            if content is not None else None,
         )

@@ -22,9 +22,18 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from ledger import access, chain, leases, runs
-from ledger.canonical import check_json, fingerprint, redact, scrub_text
+from ledger.canonical import fingerprint, redact, scrub_text
 from ledger.errors import InvalidInput, StaleFact, StaleVersion
-from ledger.inputs import check_aware, check_reason, check_text, check_whole_number
+from ledger.inputs import (
+    check_aware,
+    check_fencing_token,
+    check_identifier,
+    check_json,
+    check_names,
+    check_reason,
+    check_run_ref,
+    check_whole_number,
+)
 from ledger.models import (
     ConflictState,
     Fact,
@@ -61,12 +70,12 @@ def assert_fact(
     StaleFact when `expected_version` names a version of a key that has no fact yet, and
     InvalidInput (writing nothing) on bad input.
     """
-    check_text(subject, "subject", 500)
-    check_text(predicate, "predicate", 200)
-    source = check_text(scrub_text(source), "source", 500)
-    check_text(tenant, "tenant", 100)
+    _check_key(subject, predicate, tenant)
+    source = check_identifier(scrub_text(source), "source", 500)
+    check_run_ref(run)
+    check_fencing_token(fencing_token)
     if expected_version is not None:
-        check_whole_number(expected_version, low=1,
+        check_whole_number(expected_version, low=1, high=2**63 - 1,
                            expected="expected_version to be None or a version number >= 1")
     check_aware(observed_at, "observed_at")
     check_json(value, what="value")
@@ -83,6 +92,13 @@ def assert_fact(
         if fencing_token is not None:
             leases.check_run(run_obj.pk, fencing_token)
         return _write(new, expected_version)
+
+
+def _check_key(subject: Any, predicate: Any, tenant: Any) -> None:
+    check_identifier(subject, "subject", 500)
+    if predicate is not None:
+        check_identifier(predicate, "predicate", 200)
+    check_identifier(tenant, "tenant", 100)
 
 
 def _write(new: Fact, expected_version: int | None) -> Fact:
@@ -168,22 +184,27 @@ def _keep_as_candidate(current: Fact, new: Fact) -> Fact:
 def read_facts(subject: str, *, tenant: str = "default") -> list[Fact]:
     """The current version of every predicate of `subject`, by predicate. Never candidates
     or superseded versions."""
+    _check_key(subject, None, tenant)
     return fact_reads.current_facts(subject, tenant=tenant)
 
 
 def read_fact(subject: str, predicate: str, *, tenant: str = "default") -> Fact | None:
     """The current version of (subject, predicate), or None."""
+    _check_key(subject, predicate, tenant)
     return fact_reads.current_fact(tenant, subject, predicate)
 
 
 def history(subject: str, predicate: str, *, tenant: str = "default") -> list[Fact]:
     """Every version of (subject, predicate), oldest first, then the candidates."""
+    _check_key(subject, predicate, tenant)
     return fact_reads.history(subject, predicate, tenant=tenant)
 
 
 def open_conflicts(*, tenants=None) -> QuerySet[FactConflict]:
     """Open conflicts of the given tenants (None: every tenant), oldest first, with both
     sides loaded."""
+    if tenants is not None:
+        tenants = check_names(tenants, "tenants", 100)
     return fact_reads.open_conflicts(tenants=tenants)
 
 

@@ -14,11 +14,12 @@ savepoint around it), prepared: reconcilers take and release a lease per operati
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import connection
 
-from ledger.errors import LeaseHeld, StaleFencingToken
-from ledger.inputs import check_positive_duration, check_text
+from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken
+from ledger.inputs import check_fencing_token, check_identifier, check_positive_duration
 from ledger.prepared import prepared_cursor
 
 
@@ -26,10 +27,14 @@ def _check_ttl(ttl: timedelta) -> None:
     check_positive_duration(ttl, "ttl")
 
 
-def _check_names(resource: str, owner: str | None = None) -> None:
-    check_text(resource, "resource")
+def _check_names(resource: str, owner: str | None = None, token: Any = ...) -> None:
+    check_identifier(resource, "resource", 200)
     if owner is not None:
-        check_text(owner, "owner")
+        check_identifier(owner, "owner", 200)
+    if token is not ...:
+        if token is None:
+            raise InvalidInput("expected a fencing_token (a positive integer), found None")
+        check_fencing_token(token)
 
 
 def acquire(resource: str, owner: str, ttl: timedelta) -> int:
@@ -76,7 +81,7 @@ def renew(resource: str, owner: str, token: int, ttl: timedelta):
 
     Raises StaleFencingToken if `token` is no longer the current token of the resource.
     """
-    _check_names(resource, owner)
+    _check_names(resource, owner, token)
     _check_ttl(ttl)
     with prepared_cursor() as cursor:
         cursor.execute(
@@ -95,7 +100,7 @@ def renew(resource: str, owner: str, token: int, ttl: timedelta):
 
 def release(resource: str, owner: str, token: int) -> None:
     """End the lease now. The row stays, so the next token is still larger."""
-    _check_names(resource, owner)
+    _check_names(resource, owner, token)
     with prepared_cursor() as cursor:
         cursor.execute(
             """
@@ -116,7 +121,7 @@ def check(resource: str, token: int) -> None:
     Inside a transaction the lease row is share-locked until commit, so no newer token can
     be handed out before the caller's write commits.
     """
-    _check_names(resource)
+    _check_names(resource, None, token)
     with prepared_cursor() as cursor:
         cursor.execute(
             "SELECT token FROM ledger_lease WHERE resource = %s FOR SHARE", [resource]
@@ -156,6 +161,7 @@ def check_run(run_pk: int, token: int | None) -> None:
 
 
 def current_token(resource: str) -> int | None:
+    _check_names(resource)
     with connection.cursor() as cursor:
         cursor.execute("SELECT token FROM ledger_lease WHERE resource = %s", [resource])
         row = cursor.fetchone()

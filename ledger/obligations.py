@@ -17,9 +17,17 @@ from django.db.models import QuerySet
 from django.db.models.functions import Now
 
 from ledger import leases, runs
-from ledger.canonical import check_json, redact, scrub_text
+from ledger.canonical import redact, scrub_text
 from ledger.errors import AlreadyCommitted, IdempotencyKeyReused, IllegalTransition, InvalidInput
-from ledger.inputs import check_aware, check_text
+from ledger.inputs import (
+    check_aware,
+    check_fencing_token,
+    check_identifier,
+    check_json,
+    check_names,
+    check_run_ref,
+    storable_text,
+)
 from ledger.models import Obligation, ObligationState, Run
 from ledger.selectors import runs as run_reads
 
@@ -40,9 +48,11 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     one it is not fenced (like `receipts.record_intent`: an open obligation has no effect,
     its commit is fenced).
     """
-    check_text(kind, "kind", 200)
-    check_text(key, "key", 200)
+    check_run_ref(run)
+    check_identifier(kind, "kind", 200)
+    check_identifier(key, "key", 200)
     check_aware(deadline, "deadline")
+    check_fencing_token(fencing_token)
     run = runs.as_run(run)
     with transaction.atomic(durable=True):
         if fencing_token is not None:
@@ -71,8 +81,9 @@ def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obliga
     redacted before it is stored. Once the run is leased, StaleFencingToken unless
     `fencing_token` is the lease's current token (so for `cancel`).
     """
-    check_text(key, "key", 200)
+    check_identifier(key, "key", 200)
     check_json(result, what="result")
+    check_fencing_token(fencing_token)
     result = redact(result)
     with transaction.atomic(durable=True):
         leases.check_run(_run_pk(key), fencing_token)
@@ -88,8 +99,11 @@ def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obliga
 def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obligation:
     """Cancel the open obligation `key`: it will not be done. Cancelling a cancelled one
     returns it unchanged; a committed one raises AlreadyCommitted (with its result)."""
-    check_text(key, "key", 200)
-    check_text(reason, "reason", 2000)
+    check_identifier(key, "key", 200)
+    reason = storable_text(reason, "reason", 2000)
+    if not reason.strip():
+        raise InvalidInput(f"expected a non-empty reason to cancel, found {reason!r}")
+    check_fencing_token(fencing_token)
     with transaction.atomic(durable=True):
         leases.check_run(_run_pk(key), fencing_token)
         won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
@@ -105,6 +119,8 @@ def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obliga
 def overdue(*, tenants=None, now: datetime | None = None) -> QuerySet[Obligation]:
     """Open obligations past their deadline, of the given tenants (None: every tenant),
     most overdue first."""
+    if tenants is not None:
+        tenants = check_names(tenants, "tenants", 100)
     return run_reads.overdue_obligations(tenants=tenants, now=now)
 
 

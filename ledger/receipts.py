@@ -22,7 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ledger import access, conf, rows, runs, states, transitions
-from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
+from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
@@ -31,12 +31,17 @@ from ledger.errors import (
 from ledger.inputs import (
     check_choice,
     check_duration,
+    check_identifier,
+    check_json,
     check_operation_name,
+    check_optional_identifier,
     check_paths,
     check_reason,
     check_string,
-    check_text,
     check_user,
+    check_whole_number,
+    describe_exception,
+    storable_text,
 )
 from ledger.models import Operation, Run, Step
 from ledger.models.operations import Conflict
@@ -59,11 +64,11 @@ def idempotency_key(run_id: str, step_id: str, call: str | None = None) -> str:
     `%` is `%25`: no two inputs share a key). A key longer than the 200 characters a key may
     have is `run-step:sha256:<hex digest of that text>`.
     """
-    check_text(run_id, "run_id")
-    check_text(step_id, "step_id")
+    check_identifier(run_id, "run_id")
+    check_identifier(step_id, "step_id")
     parts = [f"run:{_key_part(run_id)}", f"step:{_key_part(step_id)}"]
     if call is not None:
-        parts.append(f"call:{_key_part(check_text(call, 'call', 200))}")
+        parts.append(f"call:{_key_part(check_identifier(call, 'call', 200))}")
     key = "/".join(parts)
     if len(key) > _MAX_KEY:
         key = f"run-step:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
@@ -115,9 +120,11 @@ def record_intent(
     fields = None if fingerprint_fields is None else check_paths(fingerprint_fields,
                                                                  "fingerprint_fields")
     check_operation_name(operation)
-    target = scrub_text(check_string(target, "target", 2000))
-    check_text(tenant, "tenant", 100)
+    target = check_string(target, "target", 2000)
+    target = scrub_text(target and check_identifier(target, "target", 2000))
+    check_identifier(tenant, "tenant", 100)
     check_choice(retry_policy, "retry_policy", RetryPolicy.values)
+    check_optional_identifier(actor, "actor", 200)
     if not isinstance(intent, Mapping):
         raise InvalidInput(
             f"expected intent to be a JSON object (a dict), found {type(intent).__name__}"
@@ -125,6 +132,7 @@ def record_intent(
     check_json(intent, what="intent")
     stored_intent = _redact_intent(intent, redact_paths)
     intent_fingerprint = fingerprint(stored_intent, fields)
+    _check_run_and_step(run, step)
     run_obj, step_obj = runs.as_run_and_step(run, step, tenant=tenant)
     if call is not None and (idempotency_key is not None or step_obj is None):
         raise InvalidInput(
@@ -137,7 +145,7 @@ def record_intent(
         idempotency_key = _derived_key(run_obj, step_obj, call)
     elif idempotency_key is None:
         idempotency_key = f"gen-{secrets.token_hex(16)}"
-    check_text(idempotency_key, "idempotency_key", 200)
+    check_identifier(idempotency_key, "idempotency_key", 200)
 
     # Each statement below stands alone (see transitions.single_statement): the look-up
     # spares a replay the insert, and the insert keeps the key unique by itself.
@@ -178,6 +186,26 @@ def record_intent(
 
 def _derived_key(run: Run, step: Step, call: str | None) -> str:
     return idempotency_key(run.run_id, step.step_id, call)
+
+
+def _check_run_and_step(run: Any, step: Any) -> None:
+    if isinstance(run, str):
+        check_identifier(run, "run", 100)
+    if isinstance(step, str):
+        check_identifier(step, "step", 100)
+
+
+def _check_mark(op: Any, fencing_token: Any, expected_version: Any, actor: Any) -> None:
+    """The arguments every mark takes, checked before any query."""
+    if not isinstance(op, Operation) or op.pk is None:
+        raise InvalidInput(f"expected a saved Operation, found {type(op).__name__}")
+    if fencing_token is not None:
+        check_whole_number(fencing_token, low=1, expected="fencing_token to be a positive "
+                           "integer or None")
+    if expected_version is not None:
+        check_whole_number(expected_version, low=1, high=2**63 - 1,
+                           expected="expected_version to be a positive integer or None")
+    check_optional_identifier(actor, "actor", 200)
 
 
 _EXISTING = (
@@ -238,6 +266,7 @@ def mark_submitted(
     passed, the reconciler reads the external system again (`reconcile.reread_due`) and
     flags the operation `duplicate` if an earlier attempt's request landed after all.
     """
+    _check_mark(op, fencing_token, expected_version, actor)
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
@@ -270,9 +299,12 @@ def mark_succeeded(
     actor: str | None = None,
 ) -> Operation:
     """submitted -> succeeded, with the external system's id when it gave one."""
+    _check_mark(op, fencing_token, expected_version, actor)
+    if evidence is not None:
+        check_json(evidence, what="evidence")
     changes = {}
     if external_id is not None:
-        external_id = scrub_text(check_text(external_id, "external_id", 500))
+        external_id = scrub_text(check_identifier(external_id, "external_id", 500))
         changes["external_id"] = external_id
     return transitions.by_agent(
         op, State.SUCCEEDED, fencing_token=fencing_token, evidence=evidence,
@@ -310,8 +342,11 @@ def mark_outcome_unknown(
 
 
 def _outcome(op, to_state, error_code, detail, fencing_token, **kwargs) -> Operation:
-    error_code = scrub_text(check_text(error_code, "error_code", 200))
-    detail = scrub_text(check_string(detail, "detail"))
+    # The code names a kind of failure (an identifier); the detail is the outside world's
+    # text, recorded whatever it holds.
+    _check_mark(op, fencing_token, kwargs.get("expected_version"), kwargs.get("actor"))
+    error_code = scrub_text(check_identifier(error_code, "error_code", 200))
+    detail = scrub_text(storable_text(detail, "detail", 4000))
     return transitions.by_agent(
         op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
         changes={"error_code": error_code, "error_detail": detail}, **kwargs,
@@ -350,7 +385,8 @@ def submit(
 
     Normal exit: succeeded. An exception in `rejections`: rejected. Any other exception
     (timeouts, dropped connections, crashes): outcome_unknown. Both are re-raised; nothing
-    is retried.
+    is retried. The exception's message is recorded whatever it holds (NUL and unpaired
+    surrogates become U+FFFD): the agent's own exception is what the caller sees.
     """
     mark_submitted(op, fencing_token=fencing_token, in_flight_for=in_flight_for)
     attempt = Attempt(op, fencing_token)
@@ -358,8 +394,7 @@ def submit(
         yield attempt
     except BaseException as exc:
         if not attempt.finished:
-            code = type(exc).__name__
-            detail = scrub_text(str(exc))[:4000]
+            code, detail = failure_record(exc)
             if rejections and isinstance(exc, rejections):
                 mark_rejected(op, error_code=code, detail=detail, fencing_token=fencing_token)
             else:
@@ -369,6 +404,14 @@ def submit(
         raise
     if not attempt.finished:
         attempt.succeeded()
+
+
+def failure_record(exc: BaseException) -> tuple[str, str]:
+    """(error_code, detail) recording an agent's exception: its class name and its message,
+    storable whatever the message holds, never raising on a strange exception."""
+    code = type(exc).__name__
+    detail = describe_exception(exc, 4000)
+    return code, scrub_text(detail[len(code) + 2:])
 
 
 # --- human decisions ---------------------------------------------------------------------
@@ -412,7 +455,7 @@ def resolve(
         )
     changes = {}
     if external_id:
-        external_id = scrub_text(check_text(external_id, "external_id", 500))
+        external_id = scrub_text(check_identifier(external_id, "external_id", 500))
         changes["external_id"] = external_id
     if op.conflict == Conflict.AMBIGUOUS:
         changes["conflict"] = ""  # a person has decided between the matches

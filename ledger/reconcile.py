@@ -46,9 +46,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger import conf, leases, rows, transitions
-from ledger.canonical import check_json, redact, scrub_text
+from ledger.canonical import redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
-from ledger.inputs import check_duration, check_text, check_whole_number
+from ledger.inputs import (
+    check_duration,
+    check_identifier,
+    check_json,
+    check_operation_name,
+    check_whole_number,
+    describe_exception,
+    storable,
+)
 from ledger.models import Evidence, Lease, Operation
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
@@ -177,10 +185,7 @@ def register(operation_name: str) -> Callable[[type[Reconciler]], type[Reconcile
     Registering another class for a name that already has one raises InvalidInput
     (re-registering the same class, e.g. on a module reload, is allowed).
     """
-    if not isinstance(operation_name, str) or not operation_name.strip():
-        raise InvalidInput(
-            f"expected an operation name like 'articles.create', found {operation_name!r}"
-        )
+    check_operation_name(operation_name)
 
     def decorate(cls):
         if not (isinstance(cls, type) and issubclass(cls, Reconciler)):
@@ -251,7 +256,9 @@ def consult(op: Operation) -> Outcome:
     """Ask the registered reconciler about `op`: lookup, then search if lookup gave None.
 
     Never inside a transaction, never raises for the reconciler's sake: an exception or a
-    malformed answer becomes an "error" outcome that carries the error.
+    malformed answer (not a verdict, or one the database could not store: a NUL, an
+    unpaired surrogate, a huge number, a structure too deep) becomes an "error" outcome
+    that carries the error, as far as it can be stored.
     """
     cls = reconciler_for(op.operation)
     if cls is None:
@@ -268,12 +275,19 @@ def consult(op: Operation) -> Outcome:
             verdict = reconciler.search(op)
         return _outcome(op, cls, method, verdict)
     except Exception as exc:  # a reconciler's failure is evidence, not a crash of the loop
-        message = scrub_text(f"{type(exc).__name__}: {exc}")[:2000]
-        return Outcome(
-            verdict=ERROR, reconciler=cls.label(), query=_default_query(op, method),
-            observed={"error": type(exc).__name__, "message": message},
-            detail=f"{method} raised {message}",
-        )
+        return error_outcome(op, cls, method, exc, doing="raised")
+
+
+def error_outcome(op: Operation, cls: type[Reconciler] | None, method: str,
+                  exc: BaseException, *, doing: str) -> Outcome:
+    """An "error" outcome describing `exc`, storable whatever its message holds."""
+    message = scrub_text(describe_exception(exc, 2000))
+    return Outcome(
+        verdict=ERROR, reconciler=storable(cls.label(), 200) if cls else "",
+        query=_default_query(op, method),
+        observed={"error": storable(type(exc).__name__, 200), "message": message},
+        detail=f"{method} {doing} {message}",
+    )
 
 
 def _default_query(op: Operation, method: str) -> dict[str, Any]:
@@ -309,6 +323,7 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
                 f"expected Found to carry a non-empty external id of at most 500 characters, "
                 f"found {external_id!r}"
             )
+        check_identifier(external_id, "the external id Found carries", 500)
         matched_by = verdict.matched_by or (
             "fingerprint" if method == "search"
             else "external_id" if op.external_id else "idempotency_key"
@@ -326,8 +341,9 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
         AMBIGUOUS: f"{method} could not decide"
         + (f": {verdict.reason}" if getattr(verdict, "reason", "") else ""),
     }[verdict.verdict]
+    # The reason is the reconciler's prose: recorded, only made storable.
     return Outcome(verdict=verdict.verdict, matched_by=verdict.matched_by,
-                   detail=scrub_text(detail)[:2000], **common)
+                   detail=scrub_text(storable(str(detail), 2000)), **common)
 
 
 # --- claiming ------------------------------------------------------------------------------
@@ -416,7 +432,7 @@ def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | 
 
 
 def _check_worker(worker: Any) -> None:
-    check_text(worker, "worker", 200)
+    check_identifier(worker, "worker", 200)
 
 
 # --- settling: verdict, evidence and transition in one fenced transaction ------------------
@@ -539,6 +555,13 @@ def run_once(
     (`reread_due`, not counted here). A verdict refused because another
     worker took the operation over is logged and dropped. `on_verdict(op, outcome)` is
     called after each stored verdict (the `reconcile` command prints them).
+
+    Failures stay with their operation: a reconciler that raises, or answers what cannot
+    be stored, or a verdict whose storing fails, is recorded as a reconciler failure of
+    that operation (Evidence says what went wrong; after the configured number of failures
+    it goes to manual_review), and the pass goes on with the next one. Only a failure of
+    the ledger's own database (claiming, or storing even the failure) ends the pass; the
+    operation then waits in `reconciling` until its lease expires, no longer.
     """
     _check_worker(worker)
     check_whole_number(limit, low=1, expected="limit to be a positive integer")
@@ -553,9 +576,13 @@ def run_once(
         if claim is None:
             break
         seen.add(claim.operation.pk)
-        outcome = consult(claim.operation)
         try:
-            op = settle(claim, outcome)
+            outcome = consult(claim.operation)
+        except Exception as exc:  # noqa: BLE001 - consult's own guard failed: still this op's
+            outcome = error_outcome(claim.operation, reconciler_for(claim.operation.operation),
+                                    "lookup", exc, doing="failed:")
+        try:
+            op = _settle_isolated(claim, outcome)
         except (StaleFencingToken, StaleVersion) as exc:
             logger.warning("worker %s lost operation %s; its %s verdict was discarded: %s",
                            worker, claim.operation.operation_id, outcome.verdict, exc)
@@ -566,6 +593,30 @@ def run_once(
             finished += 1
     reread_due(worker=worker, limit=limit, lease_ttl=lease_ttl, on_verdict=on_verdict)
     return finished
+
+
+def _settle_isolated(claim: Claim, outcome: Outcome) -> Operation:
+    """`settle`; when storing the verdict fails for anything but a lost claim, the failure
+    is settled instead, as a reconciler failure of this operation (the verdict's
+    transaction rolled back, so the claim still stands)."""
+    try:
+        return settle(claim, outcome)
+    except (StaleFencingToken, StaleVersion):
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded below, as this operation's failure
+        logger.warning("the %s verdict on operation %s could not be stored: %s",
+                       outcome.verdict, claim.operation.operation_id,
+                       describe_exception(exc, 500))
+        failure = Outcome(
+            verdict=ERROR, reconciler=storable(outcome.reconciler, 200),
+            query=_default_query(claim.operation, "lookup"),
+            observed={"error": storable(type(exc).__name__, 200),
+                      "message": scrub_text(describe_exception(exc, 2000)),
+                      "verdict": storable(outcome.verdict, 40)},
+            detail=f"its {storable(outcome.verdict, 40)} verdict could not be stored: "
+                   f"{scrub_text(describe_exception(exc, 2000))}",
+        )
+        return settle(claim, failure)
 
 
 # --- crashed senders -------------------------------------------------------------------------

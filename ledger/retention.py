@@ -35,7 +35,9 @@ from django.utils import timezone
 from ledger import access, chain
 from ledger.errors import InvalidInput
 from ledger.inputs import (
+    check_aware,
     check_duration,
+    check_identifier,
     check_operation_pattern,
     check_tenant_or_every,
     check_whole_number,
@@ -376,7 +378,9 @@ def purge(
     batch (outside any transaction), leaving the database's CPU and WAL to the agents writing
     meanwhile: bench/ P5 measures what it buys them.
     """
+    check_identifier(actor, "actor", 200)
     check_whole_number(batch, low=1, high=10_000, expected="batch to be from 1 to 10000 operations")
+    check_aware(now, "now")
     check_duration(pause, "pause", high=MAX_PAUSE)
     now = now or timezone.now()
     say = progress or (lambda message: None)

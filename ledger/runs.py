@@ -24,7 +24,14 @@ from django.utils import timezone
 from ledger import leases
 from ledger.canonical import scrub_text
 from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
-from ledger.inputs import check_names, check_text
+from ledger.inputs import (
+    check_fencing_token,
+    check_identifier,
+    check_names,
+    check_optional_identifier,
+    check_text,
+    storable_text,
+)
 from ledger.models import (
     Fact,
     FactConflict,
@@ -43,7 +50,9 @@ DEFAULT_RESUME_TTL = timedelta(minutes=5)
 def as_run(run: Run | str, *, tenant: str | None = None) -> Run:
     """`run` itself, or the Run named by that run_id; InvalidInput if there is none, or if
     it belongs to another tenant than `tenant` (when given)."""
+    check_optional_identifier(tenant, "tenant", 100)
     if isinstance(run, str):
+        check_identifier(run, "run", 100)
         found = Run.objects.filter(run_id=run).first()
         if found is None:
             raise InvalidInput(f"expected run {run!r} to exist, found no such run")
@@ -66,6 +75,8 @@ def as_run_and_step(
     given. InvalidInput when either does not exist, the run belongs to another tenant than
     `tenant`, or the step to another run.
     """
+    if isinstance(step, str):
+        check_identifier(step, "step", 100)
     run = as_run(run, tenant=tenant) if run is not None else None
     if isinstance(step, str):
         if run is None:
@@ -95,11 +106,13 @@ def start(objective: str, *, tenant: str = "default", run_id: str | None = None)
     """Start a run working on `objective`; returns it. With the `run_id` of an existing run
     of the same tenant and objective, returns that run (starting twice is harmless); with
     another tenant or objective, InvalidInput."""
-    objective = check_text(scrub_text(objective), "objective", 10_000)
-    check_text(tenant, "tenant", 100)
+    # The objective is the agent's prose: made storable, not refused for its characters.
+    objective = check_text(scrub_text(storable_text(objective, "objective", 10_000)),
+                           "objective", 10_000)
+    check_identifier(tenant, "tenant", 100)
     if run_id is None:
         run_id = f"run-{timezone.now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(5)}"
-    check_text(run_id, "run_id", 100)
+    check_identifier(run_id, "run_id", 100)
     with transaction.atomic(durable=True):
         run, created = Run.objects.get_or_create(
             run_id=run_id, defaults={"tenant": tenant, "objective": objective}
@@ -120,7 +133,7 @@ def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = ()) ->
     raise InvalidInput. A dependency must exist before the step that needs it, so steps
     never depend on each other in a cycle.
     """
-    check_text(step_id, "step_id", 100)
+    check_identifier(step_id, "step_id", 100)
     wanted = check_names(depends_on, "depends_on", 100)
     run = as_run(run)
     with transaction.atomic(durable=True):
@@ -148,6 +161,7 @@ def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None
     """pending -> started. Raises DependencyNotMet (`.missing`: the uncommitted steps)
     until every dependency is committed. A started step is returned as it is (a resumed
     worker takes it over); a committed one raises IllegalTransition: it is done."""
+    _check_step_args(run, step_id, fencing_token)
     with transaction.atomic(durable=True):
         step = _locked_step(run, step_id, fencing_token)
         if step.state == StepState.COMMITTED:
@@ -162,6 +176,7 @@ def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None
 def commit_step(run: Run | str, step_id: str, *, fencing_token: int | None = None) -> Step:
     """-> committed (a pending step is started first, so DependencyNotMet applies too).
     Committing a committed step returns it unchanged."""
+    _check_step_args(run, step_id, fencing_token)
     with transaction.atomic(durable=True):
         step = _locked_step(run, step_id, fencing_token)
         if step.state == StepState.COMMITTED:
@@ -172,8 +187,14 @@ def commit_step(run: Run | str, step_id: str, *, fencing_token: int | None = Non
         return step
 
 
+def _check_step_args(run, step_id, fencing_token) -> None:
+    if isinstance(run, str):
+        check_identifier(run, "run", 100)
+    check_identifier(step_id, "step_id", 100)
+    check_fencing_token(fencing_token)
+
+
 def _locked_step(run, step_id: str, fencing_token: int | None) -> Step:
-    check_text(step_id, "step_id", 100)
     run = as_run(run)
     leases.check_run(run.pk, fencing_token)
     # Only the step's row: Step's ordering joins its run, which stays unlocked (and the
@@ -276,7 +297,7 @@ def resume(run_id: str | Run, *, worker: str, ttl: timedelta = DEFAULT_RESUME_TT
     LeaseHeld (`.owner`, `.expires_at`) and takes nothing: wait for it to expire, or for
     its holder to release it. The same worker resuming again gets a new, larger token.
     """
-    check_text(worker, "worker", 200)
+    check_identifier(worker, "worker", 200)
     run = as_run(run_id)
     with transaction.atomic(durable=True):
         token = leases.acquire(run.lease_resource, worker, ttl)

@@ -58,9 +58,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger import chain, leases, states
-from ledger.canonical import check_json, redact, scrub_text
+from ledger.canonical import redact, scrub_text
 from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
-from ledger.inputs import check_user
+from ledger.inputs import check_json, check_user, storable
 from ledger.models import Evidence, Operation, OperationEvent
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
@@ -454,8 +454,11 @@ def _event(
     if evidence is not None:
         check_json(evidence, what="evidence")
         evidence = chain.normalize(redact(evidence))
-    actor_id = (actor_id or "")[:200]
-    reason = scrub_text(reason or "")
+    # Names and reasons reach here already checked by the public functions; what still
+    # comes from the outside world (an exception's message inside a reason) is made
+    # storable rather than refused, so the change is never lost to its description.
+    actor_id = storable(actor_id or "", 200)
+    reason = scrub_text(storable(reason or "", 4000))
     external_id = external_id or ""
     seal = chain.evidence_seal(evidence_row) if evidence_row is not None else None
     payload = chain.operation_event_payload(SimpleNamespace(

@@ -124,7 +124,8 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
     op_page = f"/desk/operations/{result['operation_id']}/"
 
     assert result["project_modules"] == []
-    assert result["settings"] == {"MAX_INTENT_BYTES": 262144, "RECONCILE_MAX_FAILURES": 3,
+    assert result["settings"] == {"MAX_INTENT_BYTES": 262144, "MAX_JSON_DEPTH": 64,
+                                  "RECONCILE_MAX_FAILURES": 3,
                                   "STALE_SUBMISSION_SECONDS": 600, "IN_FLIGHT_SECONDS": 60,
                                   "RECONCILER_MODULES": []}
     assert result["has_absolute_url"] is False

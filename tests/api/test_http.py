@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import httpx
@@ -330,3 +331,36 @@ def test_in_flight_seconds_reaches_the_ledger_only_where_it_has_the_window(make_
     else:
         assert_problem(answer, 422, detail_has="no in-flight window")
         assert Operation.objects.get().state == "planned"
+
+
+def test_a_nul_or_a_lone_surrogate_in_a_field_is_refused_as_a_problem_not_a_500(
+        make_key, client_for):
+    """A JSON escape can carry what PostgreSQL cannot store; the ledger's gate refuses it in
+    a name or an intent (422 invalid-input, naming the field), and records free text."""
+    agent = client_for(make_key("billing-bot"))
+
+    def post(path, body):  # as JSON escapes (\u0000, \ud800), the way a client sends them
+        return agent.post(path, content=json.dumps(body).encode("ascii"),
+                          headers={"Content-Type": "application/json"})
+
+    def record(client, **overrides):
+        return post("/api/v1/operations", {
+            "operation": "mail.send", "target": "smtp://mail.example", "intent": INTENT,
+            "idempotency_key": "invoice-42", **overrides})
+
+    assert_problem(record(agent, idempotency_key="invoice\u0000-42"), 422,
+                   detail_has="idempotency_key")
+    assert_problem(record(agent, tenant="default\u0000"), 422, detail_has="tenant")
+    assert_problem(record(agent, intent={"items": [0, {"n": "a\ud800"}]}), 422,
+                   detail_has="intent.items[1].n")
+    assert_problem(agent.get("/api/v1/facts", params={"subject": "order\x001"}), 422,
+                   detail_has="subject")
+    assert_problem(agent.get("/api/v1/operations/x%00y"), 422, detail_has="operation_id")
+    assert agent.get("/api/v1/operations").json()["items"] == []
+
+    op = record(agent).json()
+    agent.post(f"/api/v1/operations/{op['operation_id']}/submitted", json={})
+    unknown = post(f"/api/v1/operations/{op['operation_id']}/outcome-unknown",
+                   {"error_code": "ConnectionReset", "detail": "reset\u0000 \ud800"})
+    assert unknown.status_code == 200, unknown.text
+    assert unknown.json()["error_detail"] == "reset\ufffd \ufffd"

@@ -13,6 +13,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
             delattr(settings, f"LEDGER_{name}")
     assert {name: getattr(conf, name) for name in conf.SETTINGS} == {
         "MAX_INTENT_BYTES": 256 * 1024,
+        "MAX_JSON_DEPTH": 64,
         "RECONCILE_MAX_FAILURES": 3,
         "STALE_SUBMISSION_SECONDS": 600,
         "IN_FLIGHT_SECONDS": 60,
@@ -43,6 +44,7 @@ def test_an_unknown_setting_name_says_which_exist():
 @pytest.mark.parametrize(("name", "value"), [
     ("MAX_INTENT_BYTES", "256k"),
     ("MAX_INTENT_BYTES", 0),
+    ("MAX_JSON_DEPTH", 0),
     ("RECONCILE_MAX_FAILURES", True),
     ("STALE_SUBMISSION_SECONDS", -1),
     ("RECONCILER_MODULES", "demo.simulated.articles"),

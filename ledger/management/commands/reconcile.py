@@ -40,6 +40,7 @@ class Command(BaseCommand):
         stop = threading.Event()
         print_lock = threading.Lock()
         totals = {"finished": 0}
+        crashed: list[str] = []
 
         def report(op, outcome):
             with print_lock:
@@ -55,9 +56,11 @@ class Command(BaseCommand):
                         finished = reconcile.run_once(worker=name, limit=limit,
                                                       on_verdict=report)
                     except Exception:  # keep the loop alive; the next pass retries
-                        if once:
-                            raise
                         logger.exception("reconcile pass of %s failed", name)
+                        if once:
+                            with print_lock:
+                                crashed.append(name)
+                            return
                         stop.wait(interval)
                         continue
                     with print_lock:
@@ -87,4 +90,10 @@ class Command(BaseCommand):
         self.stdout.write(
             f"reconcile: stopped; finished {totals['finished']} operation(s)"
         )
+        if crashed:
+            # A one-shot run is a job whose caller must learn that the pass did not finish.
+            raise CommandError(
+                f"expected every worker's pass to finish, found {', '.join(sorted(crashed))} "
+                "crashed (see the log above)"
+            )
 
