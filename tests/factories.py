@@ -6,7 +6,7 @@ import factory
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
-from ledger import receipts, states, transitions
+from ledger import leases, receipts, states, transitions
 from ledger.models import Operation, Run
 from ledger.states import ActorKind, State
 
@@ -49,8 +49,12 @@ def drive(op: Operation, to_state: str) -> Operation:
     """Walk `op` (in planned) along `machine_path` to `to_state`, one transition at a time,
     through the ledger's one writer of changes."""
     for state in machine_path(to_state):
+        actor_kind = actor_of(op.state, state)
+        # An agent's change of a leased run's operation carries the lease's current token.
+        token = (leases.current_token(op.run.lease_resource)
+                 if op.run_id is not None and actor_kind == ActorKind.AGENT else None)
         with transaction.atomic():
-            transitions._apply(op, state, actor_kind=actor_of(op.state, state),
+            transitions._apply(op, state, actor_kind=actor_kind, fencing_token=token,
                                actor_id="factory", reason=f"test setup: to {state}")
     return op
 

@@ -247,6 +247,27 @@ def test_a_worker_whose_lease_was_taken_over_cannot_move_steps(run, write):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_decorated_call_in_a_stale_step_scope_is_refused_before_it_sends(run):
+    sent = []
+
+    @receipts.action("charges.create", target="https://pay.example")
+    def charge(amount: int) -> dict:
+        sent.append(amount)
+        return {"charged": amount}
+
+    old, new = take_over(run)
+    for stale in (None, old):
+        with receipts.step_scope(run, "charge", fencing_token=stale):
+            with pytest.raises(StaleFencingToken):
+                charge(10)
+    assert sent == []
+    with receipts.step_scope(run, "charge", fencing_token=new):
+        assert charge(10) == {"charged": 10}
+    assert sent == [10]
+    assert Operation.objects.get().state == State.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_run_never_leased_is_not_fenced(run):
     op = operation_in(run, State.PLANNED)
     receipts.mark_submitted(op)
