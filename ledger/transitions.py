@@ -60,6 +60,7 @@ from ledger import chain, leases, states
 from ledger.canonical import check_json, redact, scrub_text
 from ledger.errors import IllegalTransition, InvalidInput, StaleVersion
 from ledger.models import Operation, OperationEvent
+from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
 
@@ -372,8 +373,6 @@ def _apply_flag(
     unknown flag, StaleVersion when the row moved on since `expected_version` (default
     `op.version`) or already carries `conflict`.
     """
-    from ledger.models.operations import Conflict
-
     if not isinstance(op, Operation) or op.pk is None:
         raise InvalidInput(f"expected a saved Operation, found {op!r}")
     if conflict not in ("", *Conflict.values):
