@@ -512,8 +512,8 @@ def acknowledge(
                 + (f"flag {current.conflict}" if current.conflict else "no flag"),
                 from_state=current.state, to_state=current.state,
             )
-        twins = [row for row in locked if row.pk != op.pk
-                 and current.conflict == Conflict.DUPLICATE]
+        twins = ([row for row in locked if row.pk != op.pk]
+                 if current.conflict == Conflict.DUPLICATE else [])
         transitions.flag_by_person(
             current, "", user=user, reason=f"acknowledged {current.conflict}: {reason}",
             expected_version=version,

@@ -38,7 +38,7 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -848,7 +848,8 @@ def reread_due(
                            worker, claim.operation.operation_id, outcome.verdict, exc)
             continue
         if on_verdict is not None:
-            on_verdict(op, outcome)
+            finding = _reread_finding(effects_found(outcome), outcome)
+            on_verdict(op, replace(outcome, detail=f"re-read: {finding}"))
         if op.conflict == Conflict.DUPLICATE and before != Conflict.DUPLICATE:
             flagged += 1
     return flagged

@@ -62,6 +62,7 @@ from ledger.canonical import redact, scrub_text
 from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
 from ledger.inputs import check_json, check_user, storable
 from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
 
@@ -389,8 +390,6 @@ def _apply_flag(
     unknown flag, StaleVersion when the row moved on since `expected_version` (default
     `op.version`) or already carries `conflict` (unless the re-read schedule changes).
     """
-    from ledger.models.operations import Conflict
-
     if not isinstance(op, Operation) or op.pk is None:
         raise InvalidInput(f"expected a saved Operation, found {op!r}")
     if conflict not in ("", *Conflict.values):

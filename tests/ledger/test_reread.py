@@ -362,3 +362,16 @@ def test_a_version_step_without_a_flag_change_or_on_an_open_operation_is_refused
         with pytest.raises(IntegrityError, match="unchanged without a state change"):
             with transaction.atomic():
                 Operation.objects.filter(pk=op.pk).update(version=op.version + 1, **values)
+
+
+@pytest.mark.django_db
+def test_the_reconcile_loop_reports_each_re_read(monkeypatch):
+    op = retried_success(monkeypatch)
+    SEEN.append(reconcile.Ambiguous({"matches": [{"id": "e-1"}, {"id": "e-2"}]}))
+    later(monkeypatch, timedelta(seconds=10))
+    seen = []
+    reconcile.run_once(worker="w1", on_verdict=lambda o, outcome: seen.append(
+        (o.operation_id, o.state, outcome.detail)))
+    [(operation_id, state, detail)] = seen
+    assert (operation_id, state) == (op.operation_id, State.SUCCEEDED)
+    assert detail.startswith("re-read: 2 effects, expected one: flagged duplicate")
