@@ -86,8 +86,8 @@ _TERMINAL_IMMUTABLE = f"""
             OR NOT {SANCTIONED});
     IF changed IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
-            MESSAGE = format('operation %s: expected a {"/".join(sorted(TERMINAL))} receipt to '
-                             'stay as settled (only its conflict flag may change; its intent '
+            MESSAGE = format('operation %s: expected a settled receipt ({_TERMINAL_TEXT}) to '
+                             'stay as it is (only its conflict flag may change, its intent '
                              'only through the retention redaction), found an UPDATE of %s '
                              'in state %s', OLD.operation_id, changed, OLD.state);
     END IF;

@@ -457,3 +457,19 @@ def test_everyday_work_still_runs_as_the_app_role(db):
     lost.refresh_from_db()
     assert (lost.state, lost.external_id) == (State.SUCCEEDED, "ext-9")
     assert Evidence.objects.filter(operation=lost, verdict="found").exists()
+
+
+def test_a_settled_receipt_refuses_naming_the_columns_and_keeps_its_conflict_flag(world):
+    op = world.succeeded
+    with as_app() as cursor:
+        with pytest.raises(DatabaseError, match=(
+                rf"operation {op.operation_id}: expected a settled receipt \(abandoned, "
+                r"rejected, succeeded\) to stay as it is .* found an UPDATE of completed_at, "
+                r"external_id in state succeeded")), transaction.atomic():
+            cursor.execute("UPDATE ledger_operation SET external_id = 'forged', "
+                           "completed_at = now() WHERE id = %s", [op.pk])
+        # The flag a person's acknowledgement or a duplicate changes is not the receipt.
+        cursor.execute("UPDATE ledger_operation SET conflict = 'duplicate' WHERE id = %s",
+                       [op.pk])
+    op.refresh_from_db()
+    assert (op.conflict, op.external_id) == ("duplicate", "")
