@@ -43,7 +43,7 @@ DECLARE
         'ledger_operation', 'INSERT, UPDATE (state, version, state_changed_at, conflict, '
             'attempt, external_id, error_code, error_detail, submitted_at, in_flight_until, '
             'completed_at, unknown_since, next_attempt_at, reconcile_attempts, '
-            'reconcile_failures, result, result_unstorable)',
+            'reconcile_failures, result, result_unstorable, reread_due_at)',
         -- append-only: the audit trail
         'ledger_operationevent', 'INSERT',
         'ledger_evidence', 'INSERT',
