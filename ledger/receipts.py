@@ -18,7 +18,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ledger import access, conf, rows, runs, states, transitions
+from ledger import access, approvals, conf, rows, runs, states, transitions
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
@@ -168,6 +168,7 @@ def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any
 # --- an agent's outcomes ------------------------------------------------------------------
 
 
+@approvals.gated  # ApprovalRequired / ApprovalDenied under an approval policy
 def mark_submitted(
     op: Operation,
     *,
@@ -182,7 +183,9 @@ def mark_submitted(
     may still be travelling: stored as `in_flight_until`, before which the reconciler takes
     no ProvenAbsent as proof. Like every mark below: `expected_version` (default
     `op.version`) is the version the caller acted on (StaleVersion if the row moved on);
-    `actor` names the agent on the event.
+    `actor` names the agent on the event. Under an approval policy (`ledger.approvals`), a
+    planned operation needs enough live approvals of its current fingerprint first:
+    ApprovalRequired, or ApprovalDenied when a person denied it.
     """
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)

@@ -57,6 +57,7 @@ POLITE_PAUSE = timedelta(milliseconds=10)
 _APPEND_ONLY = (
     "ledger.OperationEvent:event_append_only",
     "ledger.Evidence:evidence_append_only",
+    "ledger.Approval:approval_append_only",
 )
 Progress = Callable[[str], None]
 
@@ -448,6 +449,10 @@ def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
             pks = [pk for pk, _ in deleted]
             cursor.execute("DELETE FROM ledger_evidence WHERE operation_id = ANY(%s)", [pks])
             evidence = cursor.rowcount
+            # Approvals and requests go with their operation, like its events.
+            cursor.execute("DELETE FROM ledger_approval WHERE operation_id = ANY(%s)", [pks])
+            cursor.execute("DELETE FROM ledger_approvalrequest WHERE operation_id = ANY(%s)",
+                           [pks])
             cursor.execute(
                 "DELETE FROM ledger_operationevent WHERE operation_id = ANY(%s) "
                 "RETURNING tenant, chain_seq, chain_hash", [pks],

@@ -129,13 +129,20 @@ def transition_check_sql() -> str:
 
     Refuses a state change the table does not allow, a state change whose version does not
     step by exactly one, a version change without a state change, and changes to the
-    receipt's identity columns.
+    receipt's identity columns; except an approver's edit of a planned intent: a new
+    fingerprint with a version step.
     """
     pairs = ", ".join(
         f"({_sql_literal(a)}, {_sql_literal(b)})"
         for a, bs in sorted(TRANSITIONS.items())
         for b in sorted(bs)
     )
+    # An approver's edit of a planned intent (ledger.approvals.approve(intent=)): the one
+    # change of the fingerprint, a version step without a state change; the approval trigger
+    # (ledger.models.approval_gate) checks a person approved exactly that intent.
+    edit = (f"(OLD.state = {_sql_literal(State.PLANNED)} AND NEW.state = OLD.state "
+            "AND NEW.version = OLD.version + 1 "
+            "AND NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint)")
     expected = " ".join(
         f"WHEN {_sql_literal(a)} THEN {_sql_literal(', '.join(targets(a)) or 'none (terminal)')}"
         for a in sorted(TRANSITIONS)
@@ -145,7 +152,7 @@ def transition_check_sql() -> str:
        OR NEW.tenant IS DISTINCT FROM OLD.tenant
        OR NEW.operation IS DISTINCT FROM OLD.operation
        OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
-       OR NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint
+       OR (NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint AND NOT {edit})
        OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected its identity (operation_id, tenant, '
@@ -166,7 +173,7 @@ def transition_check_sql() -> str:
                                  'found version %s', OLD.operation_id, OLD.version + 1,
                                  OLD.state, NEW.state, NEW.version);
         END IF;
-    ELSIF NEW.version IS DISTINCT FROM OLD.version THEN
+    ELSIF NEW.version IS DISTINCT FROM OLD.version AND NOT {edit} THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected version %s unchanged without a state '
                              'change, found %s', OLD.operation_id, OLD.version, NEW.version);

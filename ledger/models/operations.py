@@ -3,6 +3,7 @@
 import pgtrigger
 from django.db import models
 
+from ledger.models.approval_gate import GATE_TRIGGER
 from ledger.states import TERMINAL, ActorKind, RetryPolicy, State, transition_check_sql
 
 _EVENT_RECORDED = """
@@ -216,6 +217,7 @@ class Operation(models.Model):
                 condition=pgtrigger.Q(old__state__df=pgtrigger.F("new__state")),
                 func=_EVENT_RECORDED,
             ),
+            GATE_TRIGGER,
         ]
 
     def __str__(self):
