@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from ledger import errors, receipts, selectors
 from ledger.states import State
 from review.forms import ACTION_LABELS, AuditFilterForm, QueueFilterForm, ResolveForm
+from review.forms_approvals import DECISION_LABELS, ApprovalDecisionForm
 from review.http import ledger_errors
 from review.templatetags.desk import operation_url
 
@@ -53,7 +54,8 @@ def operation_detail(request, operation_id: str):
     return _detail(request, operation_id)
 
 
-def _detail(request, operation_id: str, *, form: ResolveForm | None = None, status: int = 200):
+def _detail(request, operation_id: str, *, form: ResolveForm | None = None, status: int = 200,
+            approval_form=None):
     detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
     if form is None:
@@ -64,6 +66,10 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None, stat
         "form": form,
         "actions": [(state, ACTION_LABELS[state]) for state in detail.resolutions],
         "offers_external_id": State.SUCCEEDED in detail.resolutions,
+        # Approval before the call (review/views_approvals.py decides).
+        "approval": selectors.approval_panel(request.user, op),
+        "approval_form": approval_form or ApprovalDecisionForm(),
+        "approval_actions": DECISION_LABELS,
     }
     return _render(request, "review/operation.html", "decision", context, status=status)
 
