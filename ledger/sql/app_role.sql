@@ -38,7 +38,9 @@ BEGIN
         'ledger_factdecision',
         'ledger_episode',
         'ledger_tenantaccesschange',
-        'ledger_agentkeychange'
+        'ledger_agentkeychange',
+        'ledger_approval',
+        'ledger_approvalpolicychange'
     ] LOOP
         EXECUTE format('REVOKE UPDATE, DELETE, TRUNCATE ON %I FROM %I', audit_table, app_role);
     END LOOP;
