@@ -337,3 +337,20 @@ def test_check_can_submit_costs_one_query(policy, reviewer, django_assert_num_qu
     approvals.approve(op, user=reviewer)
     with django_assert_num_queries(1):
         approvals.check_can_submit(op)
+
+
+@pytest.mark.django_db
+def test_the_purge_removes_an_operations_approvals_with_it(policy, reviewer):
+    from ledger import retention
+    from tests.support.retention import complete_days_ago
+
+    op = payment()
+    approvals.request(op, note="purged later")
+    approvals.approve(op, user=reviewer)
+    receipts.mark_submitted(op)
+    receipts.mark_succeeded(op)
+    complete_days_ago(op, 400)
+    result = retention.purge(actor="test")
+    assert op.operation_id in result.purged_operation_ids
+    assert not Approval.objects.filter(operation_id=op.pk).exists()
+    assert not ApprovalRequest.objects.filter(operation_id=op.pk).exists()
