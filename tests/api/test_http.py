@@ -301,3 +301,18 @@ def test_in_flight_seconds_reaches_the_ledger_only_where_it_has_the_window(make_
     else:
         assert_problem(answer, 422, detail_has="no in-flight window")
         assert Operation.objects.get().state == "planned"
+
+
+def test_a_submission_under_an_approval_policy_is_409_approval_required(make_key, client_for):
+    from ledger import approvals
+
+    admin = UserFactory(username="policy-admin", role="admin")
+    approvals.set_policy("mail.*", user=admin)
+    agent = client_for(make_key("billing-bot"))
+    op = record(agent).json()
+    refused = agent.post(f"/api/v1/operations/{op['operation_id']}/submitted", json={})
+    body = assert_problem(refused, 409, detail_has="expected 1 live approval(s)")
+    assert (body["error"], body["type"]) == ("ApprovalRequired",
+                                             "urn:agent-ledger:problem:approval-required")
+    assert (body["approvals_needed"], body["approvals_live"]) == (1, 0)
+    assert Operation.objects.get().state == "planned"
