@@ -51,6 +51,7 @@ from ledger.selectors.operations import (
     access_operation,
     duplicates_of,
     operation_detail,
+    queue_selection,
     resolutions_for,
     review_queue,
     visible_operations,
@@ -82,6 +83,6 @@ __all__ = [
     "overdue_page", "parse_cursor", "resolutions_for", "retention_overview", "review_queue",
     "run_detail", "run_records", "visible", "visible_conflicts", "visible_operations",
     "visible_overdue", "with_review_flags",
-    "AWAITING_COUNT_CAP", "ApprovalPanel", "approval_panel", "approval_policies",
+    "AWAITING_COUNT_CAP", "queue_selection", "ApprovalPanel", "approval_panel", "approval_policies",
     "awaiting_count", "awaiting_page", "visible_awaiting",
 ]
