@@ -32,8 +32,8 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ledger import access, transitions
-from ledger.canonical import check_json, fingerprint, scrub_text
+from ledger import access, conf, transitions
+from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     ApprovalDenied,
     ApprovalRequired,
@@ -464,14 +464,18 @@ def _ttl(op: Operation) -> timedelta:
 def _checked_intent(intent: Any) -> tuple[dict[str, Any], str]:
     """An edited intent as record_intent takes one: a JSON object, secrets masked, within
     the size limit; with its fingerprint (over the whole intent)."""
-    from ledger.receipts import _redact_intent
-
     if not isinstance(intent, Mapping):
         raise InvalidInput(
             f"expected the edited intent to be a JSON object, found {type(intent).__name__}"
         )
     check_json(intent, what="intent")
-    stored = _redact_intent(intent, [])
+    stored = redact(intent, [])
+    size = len(canonical_json(stored).encode("utf-8"))
+    if size > conf.MAX_INTENT_BYTES:
+        raise InvalidInput(
+            f"expected an edited intent of at most {conf.MAX_INTENT_BYTES:,} bytes of "
+            f"canonical JSON (LEDGER_MAX_INTENT_BYTES), found {size:,} bytes"
+        )
     return stored, fingerprint(stored, None)
 
 

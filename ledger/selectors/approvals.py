@@ -24,18 +24,23 @@ AWAITING_COUNT_CAP = 500
 
 
 def visible_awaiting(user, *, tenant: str = ""):
-    """Pending requests of planned operations the user may see, oldest first; each with
-    `live_approvals` (distinct people, for the operation's current intent)."""
+    """Requests of planned operations the user may see that wait for a person (pending, or
+    approved with approvals expired since), oldest first; each with `live_approvals`
+    (distinct people, for the operation's current intent)."""
     live = (Approval.objects
             .filter(operation=OuterRef("operation"), decision=Approval.Decision.APPROVE,
                     intent_fingerprint=OuterRef("operation__intent_fingerprint"),
                     expires_at__gt=Now())
             .order_by().values("operation")
             .annotate(n=Count("decided_by", distinct=True)).values("n"))
+    # An approved request whose approvals expired before the agent sent it waits again.
     qs = (visible(user, ApprovalRequest)
-          .filter(status=ApprovalRequest.Status.PENDING, operation__state=State.PLANNED)
+          .filter(operation__state=State.PLANNED)
           .select_related("operation", "operation__run", "operation__step")
           .annotate(live_approvals=Coalesce(Subquery(live), 0))
+          .filter(Q(status=ApprovalRequest.Status.PENDING)
+                  | Q(status=ApprovalRequest.Status.APPROVED,
+                      live_approvals__lt=F("approvals_needed")))
           .order_by("requested_at", "id"))
     return qs.filter(tenant=tenant) if tenant else qs
 

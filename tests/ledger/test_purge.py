@@ -193,7 +193,7 @@ policies = st.dictionaries(
 
 RESET = ("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence, ledger_chainhead, "
          "ledger_chainanchor, ledger_redaction, ledger_purgerun, ledger_retentionpolicy, "
-         "ledger_retentionchange")
+         "ledger_retentionchange, ledger_approval, ledger_approvalrequest")
 
 
 @pytest.mark.django_db(transaction=True)

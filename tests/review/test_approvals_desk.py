@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from ledger import approvals, receipts
-from ledger.models import Approval, ApprovalPolicy, Operation, OperationEvent
+from ledger.models import Approval, ApprovalPolicy, ApprovalRequest, Operation, OperationEvent
 from ledger.states import State
 from review.templatetags.desk import operation_url
 from tests.factories import OperationFactory, UserFactory
@@ -202,3 +202,24 @@ def test_the_policies_page_is_for_admins(client, admin_user, reviewer):
         "pattern": "bad pattern", "tenant": "default", "approvals_needed": 1,
         "ttl_hours": 4, "requires_approval": "on"})
     assert response.status_code == 422 and "Nothing written" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_an_approval_that_expired_before_sending_puts_the_request_back_on_the_list(
+        client, reviewer, admin_user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    approvals.set_policy("payments.*", user=admin_user, ttl=timedelta(hours=1))
+    op = OperationFactory(operation="payments.send")
+    approvals.request(op, note="pay")
+    approvals.approve(op, user=reviewer, now=timezone.now() - timedelta(hours=2))
+    # As if it had been approved two hours ago and the agent had not sent it since.
+    ApprovalRequest.objects.filter(operation=op).update(status="approved")
+    client.force_login(reviewer)
+    page = client.get(reverse("review:awaiting")).content.decode()
+    assert f'data-operation="{op.operation_id}"' in page
+    approvals.approve(op, user=UserFactory(username="later", role="reviewer"))
+    page = client.get(reverse("review:awaiting")).content.decode()
+    assert f'data-operation="{op.operation_id}"' not in page
