@@ -21,12 +21,11 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
@@ -59,7 +58,8 @@ from ledger.models import (
     ApprovalRequest,
     Operation,
 )
-from ledger.models.approval_gate import GATE_HINT, gate_sql, pattern_matches_sql
+from ledger.models.approval_gate import GATE_HINT, pattern_matches_sql
+from ledger.selectors.approvals import Gate, gate
 from ledger.states import State
 
 # How long an approval lasts when no policy says (an agent asked on its own).
@@ -130,46 +130,6 @@ def policies_for(tenant: str, operation: str):
 
 
 # --- what an operation needs ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Gate:
-    """Where an operation stands: `needed` people (0: nothing asks), `have` live approvals
-    of its current fingerprint by distinct people, the policies asking, and the reason of a
-    denial if there was one."""
-
-    needed: int
-    have: int
-    patterns: str
-    state: str
-    version: int
-    intent_fingerprint: str
-    denial: str | None
-
-    @property
-    def is_open(self) -> bool:
-        return self.needed == 0 or self.have >= self.needed
-
-
-_GATE = f"""
-SELECT g.needed, g.have, g.patterns, o.state, o.version, o.intent_fingerprint,
-       (SELECT a.reason FROM ledger_approval a
-         WHERE a.operation_id = o.id AND a.decision = 'deny' ORDER BY a.id DESC LIMIT 1)
-  FROM ledger_operation o,
-       LATERAL ({gate_sql(op_id="o.id", tenant="o.tenant", operation="o.operation",
-                          fingerprint="o.intent_fingerprint")}) g
- WHERE o.id = %s
-"""
-
-
-def gate(op: Operation) -> Gate:
-    """The operation's approval gate as the database sees it now (one query)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_GATE, [op.pk])
-        row = cursor.fetchone()
-    if row is None:
-        raise InvalidInput(f"expected operation {op.operation_id} in the ledger, found none")
-    return Gate(*row)
 
 
 def check_can_submit(op: Operation) -> None:

@@ -1,14 +1,16 @@
-"""Reads of approvals: the desk's "Awaiting approval" list, one operation's approval panel,
-and the policies page."""
+"""Reads of approvals: an operation's approval gate (which `ledger.approvals` asks too), the
+desk's "Awaiting approval" list, one operation's approval panel, and the policies page."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import connection
 from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Now
 
 from ledger import access
+from ledger.errors import InvalidInput
 from ledger.models import (
     Approval,
     ApprovalPolicy,
@@ -16,11 +18,52 @@ from ledger.models import (
     ApprovalRequest,
     Operation,
 )
+from ledger.models.approval_gate import gate_sql
 from ledger.selectors.base import capped_count, visible
 from ledger.selectors.pagination import Page, keyset_page
 from ledger.states import State
 
 AWAITING_COUNT_CAP = 500
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Where an operation stands: `needed` people (0: nothing asks), `have` live approvals
+    of its current fingerprint by distinct people, the policies asking, and the reason of a
+    denial if there was one."""
+
+    needed: int
+    have: int
+    patterns: str
+    state: str
+    version: int
+    intent_fingerprint: str
+    denial: str | None
+
+    @property
+    def is_open(self) -> bool:
+        return self.needed == 0 or self.have >= self.needed
+
+
+_GATE = f"""
+SELECT g.needed, g.have, g.patterns, o.state, o.version, o.intent_fingerprint,
+       (SELECT a.reason FROM ledger_approval a
+         WHERE a.operation_id = o.id AND a.decision = 'deny' ORDER BY a.id DESC LIMIT 1)
+  FROM ledger_operation o,
+       LATERAL ({gate_sql(op_id="o.id", tenant="o.tenant", operation="o.operation",
+                          fingerprint="o.intent_fingerprint")}) g
+ WHERE o.id = %s
+"""
+
+
+def gate(op: Operation) -> Gate:
+    """The operation's approval gate as the database sees it now (one query)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_GATE, [op.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise InvalidInput(f"expected operation {op.operation_id} in the ledger, found none")
+    return Gate(*row)
 
 
 def visible_awaiting(user, *, tenant: str = ""):
@@ -83,8 +126,6 @@ def approval_panel(user, op: Operation) -> ApprovalPanel | None:
     """None when approval plays no part (no decision, and for a planned operation no
     policy or request either). One query (the decisions), three for a planned operation
     (its gate and request too)."""
-    from ledger import approvals
-
     decisions = list(Approval.objects.filter(operation=op).annotate(
         is_live_for_current=Q(decision=Approval.Decision.APPROVE,
                               intent_fingerprint=F("operation__intent_fingerprint"),
@@ -93,8 +134,8 @@ def approval_panel(user, op: Operation) -> ApprovalPanel | None:
     needed = have = 0
     patterns, request = "", None
     if op.state == State.PLANNED:
-        gate = approvals.gate(op)
-        needed, have, patterns = gate.needed, gate.have, gate.patterns
+        current = gate(op)
+        needed, have, patterns = current.needed, current.have, current.patterns
         request = ApprovalRequest.objects.filter(operation=op).first()
     if needed == 0 and request is None and not decisions:
         return None
