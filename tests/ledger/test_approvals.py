@@ -320,8 +320,14 @@ def test_await_decision_raises_the_denial_of_another_thread(admin_user, reviewer
             connections.close_all()
 
     async def agent():
+        from asgiref.sync import sync_to_async
+
         started.set()
-        return await approvals.await_decision(op, timeout=60)
+        try:
+            return await approvals.await_decision(op, timeout=60)
+        finally:
+            # The ledger's worker thread keeps its connection; close it for the test database.
+            await sync_to_async(connections.close_all)()
 
     thread = threading.Thread(target=reviewer_thread)
     thread.start()
