@@ -25,6 +25,8 @@ KINDS: list[tuple[type[Exception], int, str, str]] = [
     (errors.AlreadyCommitted, 409, "already-committed", "Already committed"),
     (errors.StaleFact, 409, "stale-fact", "Stale fact"),
     (errors.DependencyNotMet, 409, "dependency-not-met", "Dependency not met"),
+    (errors.ApprovalRequired, 409, "approval-required", "Approval required"),
+    (errors.ApprovalDenied, 409, "approval-denied", "Approval denied"),
     (errors.LedgerError, 409, "refused", "Refused by the ledger"),
 ]
 
@@ -62,4 +64,8 @@ def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
         extra["expires_at"] = exc.expires_at.isoformat() if exc.expires_at else None
     elif isinstance(exc, errors.DependencyNotMet):
         extra["missing"] = list(exc.missing)
+    elif isinstance(exc, errors.ApprovalRequired):
+        extra["approvals_needed"], extra["approvals_live"] = exc.needed, exc.have
+    elif isinstance(exc, errors.ApprovalDenied):
+        extra["reason"] = exc.reason
     return problem(status, slug, title, str(exc), **extra)

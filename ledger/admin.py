@@ -21,6 +21,10 @@ from ledger.errors import LedgerError
 from ledger.models import (
     AgentKey,
     AgentKeyChange,
+    Approval,
+    ApprovalPolicy,
+    ApprovalPolicyChange,
+    ApprovalRequest,
     AuditVerification,
     ChainAnchor,
     ChainHead,
@@ -514,3 +518,33 @@ class AgentKeyChangeAdmin(KeyTenantsScoped, ReadOnlyAdmin):
     list_display = ["changed_at", "changed_by_name", "action", "key_name", "tenants"]
     list_filter = ["action"]
     search_fields = ["key_name"]
+
+
+# Approvals (ledger.approvals): decided on the desk, policies set on its Policies page
+# (which audits each change); here they are only read.
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(ReadOnlyAdmin):
+    list_display = ["pattern", "tenant", "requires_approval", "approvals_needed",
+                    "approval_ttl", "consequential", "updated_at"]
+    list_select_related = ["updated_by"]
+
+
+@admin.register(ApprovalPolicyChange)
+class ApprovalPolicyChangeAdmin(ReadOnlyAdmin):
+    list_display = ["pattern", "tenant", "changed_by_name", "changed_at"]
+    list_select_related = ["changed_by"]
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "tenant", "status", "approvals_needed", "requested_at"]
+    list_select_related = ["operation"]
+    identity_fields = ("operation",)
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "decision", "decided_by_name", "intent_fingerprint",
+                    "version", "expires_at", "created_at"]
+    list_select_related = ["operation", "decided_by"]
+    identity_fields = ("operation",)

@@ -113,3 +113,30 @@ class UnstorableResult(LedgerError):
         super().__init__(message)
         self.operation = operation
         self.value = value
+
+
+class ApprovalRequired(LedgerError):
+    """The operation may not be submitted yet: an approval policy (or the agent's own
+    request) asks for more live approvals of its current intent than it has. `.needed` and
+    `.have` count people; wait (`ledger.approvals.wait`) or ask (`approvals.request`)."""
+
+    def __init__(self, message: str, *, operation=None, needed: int = 0, have: int = 0):
+        super().__init__(message)
+        self.operation = operation
+        self.needed = needed
+        self.have = have
+
+
+class ApprovalDenied(LedgerError):
+    """A person denied the operation's approval: it is abandoned and must not be sent.
+    `.reason` is theirs."""
+
+    def __init__(self, message: str, *, reason: str = "", operation=None):
+        super().__init__(message)
+        self.reason = reason
+        self.operation = operation
+
+
+class SecondPersonRequired(LedgerError):
+    """This person already approved this intent: the next approval must be someone else's
+    (two-person rule)."""

@@ -361,4 +361,26 @@ def check_run_ref(value: Any, name: str = "run") -> Any:
     looked up."""
     if isinstance(value, str):
         check_identifier(value, name, 100)
+
+
+def parse_json_object(text: Any, name: str, max_bytes: int) -> dict[str, Any]:
+    """A JSON object typed by a person (the desk's edited intent): parsed, or refused
+    saying where it stops being JSON. Its content is checked by the caller's own gate
+    (`canonical.check_json`, limits, secrets)."""
+    import json
+
+    check_text(text, name)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(f"expected {name} of at most {max_bytes:,} bytes, found {size:,}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"expected {name} to be JSON, found an error at line {exc.lineno} "
+                           f"column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise InvalidInput(f"expected {name} nested less deeply, found it too deep") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"expected {name} to be a JSON object ({{...}}), found "
+                           f"{type(value).__name__}")
     return value

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import access, conf, rows, runs, states, transitions
+from ledger import access, approvals, conf, rows, runs, states, transitions
 from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     IdempotencyKeyReused,
@@ -240,6 +240,7 @@ def _redact_intent(intent: Mapping[str, Any], paths: list[str]) -> dict[str, Any
 # --- an agent's outcomes ------------------------------------------------------------------
 
 
+@approvals.gated  # ApprovalRequired / ApprovalDenied under an approval policy
 def mark_submitted(
     op: Operation,
     *,
@@ -259,7 +260,9 @@ def mark_submitted(
     may still be travelling: stored as `in_flight_until`, before which the reconciler takes
     no ProvenAbsent as proof. Like every mark below: `expected_version` (default
     `op.version`) is the version the caller acted on (StaleVersion if the row moved on);
-    `actor` names the agent on the event.
+    `actor` names the agent on the event. Under an approval policy (`ledger.approvals`), a
+    planned operation needs enough live approvals of its current fingerprint first:
+    ApprovalRequired, or ApprovalDenied when a person denied it.
 
     A retry also sets `reread_due_at`, the end of the latest in-flight window of every
     attempt so far, this one included: once the retry has succeeded and that time has

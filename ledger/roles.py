@@ -13,6 +13,7 @@ _VIEW = [
     "view_operation", "view_operationevent", "view_evidence", "view_run", "view_step",
     "view_lease", "view_fact", "view_factconflict", "view_factdecision", "view_obligation",
     "view_episode", "view_chainhead", "view_auditverification",
+    "view_approval", "view_approvalrequest",
 ]
 _REVIEW = ["resolve_operation", "resolve_factconflict"]
 _ADMIN = [
@@ -24,6 +25,8 @@ _ADMIN = [
     "delete_retentionpolicy", "view_retentionchange", "view_purgerun", "view_redaction",
     "view_chainanchor",
     "view_agentkey", "add_agentkey", "change_agentkey", "view_agentkeychange",
+    "view_approvalpolicy", "add_approvalpolicy", "change_approvalpolicy",
+    "view_approvalpolicychange",
 ]
 
 # The current permissions of each role: the union of what the migrations granted.

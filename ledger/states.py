@@ -131,7 +131,8 @@ def transition_check_sql() -> str:
     step by exactly one, a version change without a state change (but for the one step of
     a terminal operation whose conflict flag or re-read schedule changes:
     `transitions.flag_by_person`, `reread_by_reconciler`), and changes to the receipt's
-    identity columns.
+    identity columns; except an approver's edit of a planned intent: a new fingerprint
+    with a version step.
     """
     pairs = ", ".join(
         f"({_sql_literal(a)}, {_sql_literal(b)})"
@@ -139,6 +140,12 @@ def transition_check_sql() -> str:
         for b in sorted(bs)
     )
     terminal = ", ".join(_sql_literal(state) for state in sorted(TERMINAL))
+    # An approver's edit of a planned intent (ledger.approvals.approve(intent=)): the one
+    # change of the fingerprint, a version step without a state change; the approval trigger
+    # (ledger.models.approval_gate) checks a person approved exactly that intent.
+    edit = (f"(OLD.state = {_sql_literal(State.PLANNED)} AND NEW.state = OLD.state "
+            "AND NEW.version = OLD.version + 1 "
+            "AND NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint)")
     expected = " ".join(
         f"WHEN {_sql_literal(a)} THEN {_sql_literal(', '.join(targets(a)) or 'none (terminal)')}"
         for a in sorted(TRANSITIONS)
@@ -148,12 +155,16 @@ def transition_check_sql() -> str:
        OR NEW.tenant IS DISTINCT FROM OLD.tenant
        OR NEW.operation IS DISTINCT FROM OLD.operation
        OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
-       OR NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint
+       OR (NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint AND NOT {edit})
+       OR (NEW.intent IS DISTINCT FROM OLD.intent AND NOT {edit}
+           AND NOT ledger_sanctioned(TG_RELID))
        OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('operation %s: expected its identity (operation_id, tenant, '
-                             'operation, idempotency_key, intent_fingerprint, created_at) '
-                             'to stay unchanged, found an UPDATE changing it', OLD.operation_id);
+                             'operation, idempotency_key, intent and its fingerprint, '
+                             'created_at) to stay unchanged (an intent changes only by an '
+                             'approver''s edit or the retention redaction), found an UPDATE '
+                             'changing it', OLD.operation_id);
     END IF;
     IF NEW.state IS DISTINCT FROM OLD.state THEN
         IF (OLD.state, NEW.state) NOT IN ({pairs}) THEN
@@ -169,7 +180,7 @@ def transition_check_sql() -> str:
                                  'found version %s', OLD.operation_id, OLD.version + 1,
                                  OLD.state, NEW.state, NEW.version);
         END IF;
-    ELSIF NEW.version IS DISTINCT FROM OLD.version
+    ELSIF NEW.version IS DISTINCT FROM OLD.version AND NOT {edit}
           AND NOT (NEW.version = OLD.version + 1 AND OLD.state IN ({terminal})
                    AND (NEW.conflict IS DISTINCT FROM OLD.conflict
                         OR NEW.reread_due_at IS DISTINCT FROM OLD.reread_due_at)) THEN

@@ -25,12 +25,16 @@ operation for an arbitrary actor:
     by_sweep(op, reason=, evidence=)              reconcile.sweep_stale_submissions
     flag_by_person(op, conflict, user=, ...)      receipts.acknowledge
     reread_by_reconciler(op, conflict, worker=, ...)  reconcile: a re-read's finding
+    by_denial(op, user=, reason=)                 approvals.deny: planned -> abandoned
+    by_intent_edit(op, user=, intent=, ...)       approvals.approve(intent=): planned, new intent
 
-These two change the conflict flag or the re-read schedule of a terminal operation, not its
-state: the version steps by one (the transition trigger allows that step for a terminal
-operation whose flag or `reread_due_at` changes, and nothing else without a state change)
-and an event from the state to itself records who and why, sealing the re-read's evidence,
-linked into the tenant's chain like every other event (`CHANGE_FLAG`).
+`flag_by_person` and `reread_by_reconciler` change the conflict flag or the re-read
+schedule of a terminal operation, not its state: the version steps by one (the transition
+trigger allows that step for a terminal operation whose flag or `reread_due_at` changes,
+and nothing else without a state change) and an event from the state to itself records who
+and why, sealing the re-read's evidence, linked into the tenant's chain like every other
+event (`CHANGE_FLAG`). `by_intent_edit` is the one change of a planned operation's intent
+(`EDIT_INTENT`), which PostgreSQL admits only with a person's approval of exactly it.
 
 `by_agent` and `by_person` are their own transaction, durable (a receipt is committed
 before the external call, not when a caller's block ends), and `record` runs in the one
@@ -222,6 +226,59 @@ def reread_by_reconciler(
                        evidence_row=evidence_row,
                        changes={"reread_due_at": reread_due_at,
                                 "reconcile_failures": reconcile_failures})
+
+
+def by_denial(op: Operation, *, user, reason: str, expected_version: int | None = None
+              ) -> Operation:
+    """planned -> abandoned: a person denied its approval (`ledger.approvals.deny`, which
+    checks permissions and records the denial in the same transaction, the caller's)."""
+    return _apply(op, State.ABANDONED, actor_kind=ActorKind.HUMAN,
+                  actor_id=user.get_username(), reason=f"approval denied: {reason}",
+                  expected_version=expected_version, decided_by=check_user(user, "deny").pk,
+                  changes={"error_code": "ApprovalDenied", "error_detail": reason})
+
+
+def by_intent_edit(
+    op: Operation,
+    *,
+    user,
+    intent: Mapping[str, Any],
+    intent_fingerprint: str,
+    reason: str,
+    expected_version: int | None = None,
+) -> Operation:
+    """A planned operation's intent replaced by the one a person approved
+    (`ledger.approvals.approve(intent=)`, in its transaction, after the approval row).
+
+    The operation keeps its id and key and stays planned; its version steps by one, with an
+    event planned -> planned naming both fingerprints, so an agent still holding the old
+    intent cannot submit it (StaleVersion). PostgreSQL allows the new fingerprint only with
+    that step and with a person's approval of exactly it.
+    """
+    if op.state != State.PLANNED:
+        raise IllegalTransition(
+            f"expected operation {op.operation_id} planned to edit its intent, found {op.state}",
+            from_state=op.state, to_state=State.PLANNED,
+        )
+    version = op.version if expected_version is None else expected_version
+    event = _event(op, from_state=State.PLANNED, to_state=State.PLANNED, version=version + 1,
+                   actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
+                   reason=f"intent edited and approved: {reason}" if reason
+                   else "intent edited and approved",
+                   evidence={"edited_from": op.intent_fingerprint,
+                             "edited_to": intent_fingerprint},
+                   decided_by=check_user(user, "edit an intent").pk, now=timezone.now(),
+                   external_id=op.external_id)
+    params = {"id": op.pk, "from_version": version,
+              **_db_values({"intent": intent, "intent_fingerprint": intent_fingerprint}),
+              **event}
+    with prepared_cursor() as cursor:
+        cursor.execute(EDIT_INTENT, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise stale_version_error(op, State.PLANNED, version)
+    op.intent, op.intent_fingerprint, op.version = intent, intent_fingerprint, version + 1
+    return op
 
 
 def single_statement() -> AbstractContextManager:
@@ -622,3 +679,17 @@ def _change_flag(also_set: tuple[str, ...]) -> str:
         for name in also_set
     )
     return CHANGE_FLAG.replace(" {also_set}", assignments)
+
+
+# An approver's edit of a planned intent (`by_intent_edit`): the row (same state, version
+# + 1, new intent and fingerprint) and its event planned -> planned, linked as above.
+EDIT_INTENT = _compact(f"""
+WITH changed AS (
+    UPDATE ledger_operation
+       SET intent = %(intent)s, intent_fingerprint = %(intent_fingerprint)s,
+           version = %(to_version)s
+     WHERE id = %(id)s AND state = '{State.PLANNED}' AND version = %(from_version)s
+    RETURNING id, tenant
+),
+{_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+""")

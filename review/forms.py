@@ -143,3 +143,32 @@ class AcknowledgeForm(forms.Form):
         error_messages={"required": "A reason is required to acknowledge a conflict."},
     )
     version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class BulkDecisionForm(forms.Form):
+    """One decision for the ticked operations ("<operation_id>@<version seen>"), or for all
+    the queue's operations matching the filter (at most `ledger.bulk.BULK_CAP`)."""
+
+    to_state = forms.ChoiceField(choices=[(s, ACTION_LABELS[s]) for s in RESOLUTIONS])
+    reason = forms.CharField(
+        max_length=2000, strip=True,
+        error_messages={"required": "A reason is required for every decision."},
+    )
+    items = forms.Field(required=False)  # read as a list in clean_items
+    all_matching = forms.BooleanField(required=False)
+
+    def clean_items(self):
+        parsed = []
+        for item in self.data.getlist("items") if hasattr(self.data, "getlist") else []:
+            operation_id, sep, version = item.rpartition("@")
+            if not sep or not operation_id or not version.isdigit():
+                raise forms.ValidationError(
+                    f"expected items like <operation id>@<version>, found {item!r}")
+            parsed.append((operation_id, int(version)))
+        return parsed
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("all_matching") and not data.get("items"):
+            raise forms.ValidationError("Tick at least one operation, or all matching.")
+        return data

@@ -1,11 +1,12 @@
 from django.urls import path
 
-from review import views, views_execution, views_retention
+from review import views, views_approvals, views_execution, views_retention
 
 app_name = "review"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
+    path("bulk/", views.bulk_resolve, name="bulk_resolve"),
     path("operations/<str:operation_id>/", views.operation_detail, name="operation"),
     path("operations/<str:operation_id>/resolve/", views.resolve, name="resolve"),
     path("operations/<str:operation_id>/acknowledge/", views.acknowledge, name="acknowledge"),
@@ -30,4 +31,13 @@ urlpatterns += [
          name="resolve_conflict"),
     path("obligations/overdue/", views_execution.overdue, name="overdue"),
     path("runs/<path:run_id>/", views_execution.run_detail, name="run"),
+]
+
+# Approval before the call (review/views_approvals.py); policies are for admins.
+urlpatterns += [
+    path("approvals/", views_approvals.awaiting, name="awaiting"),
+    path("operations/<str:operation_id>/approval/", views_approvals.decide,
+         name="approval_decide"),
+    path("approvals/policies/", views_approvals.policies, name="approval_policies"),
+    path("approvals/policies/set/", views_approvals.set_policy, name="approval_policy_set"),
 ]

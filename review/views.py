@@ -16,20 +16,23 @@ from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from ledger import errors, receipts, selectors
+from ledger import bulk, errors, receipts, selectors
 from ledger.states import State
 from review.forms import (
     ACTION_LABELS,
     AcknowledgeForm,
     AuditFilterForm,
+    BulkDecisionForm,
     QueueFilterForm,
     ResolveForm,
 )
+from review.forms_approvals import DECISION_LABELS, ApprovalDecisionForm
 from review.http import ledger_errors
 from review.templatetags.desk import operation_url
 
 view_required = permission_required("ledger.view_operation", raise_exception=True)
 resolve_required = permission_required("ledger.resolve_operation", raise_exception=True)
+BULK_FILTER_FIELDS = ("q", "state", "operation", "tenant", "age", "order")
 
 
 def _render(request, template: str, fragment: str, context: dict, *, status: int = 200):
@@ -49,7 +52,40 @@ def queue(request):
     # The fact-conflict and overdue-obligation tabs (review/views_execution.py).
     context["exec_counts"] = selectors.execution_counts(request.user,
                                                         tenant=form.filters().tenant)
+    context["bulk_cap"] = bulk.BULK_CAP
+    # The filter, carried by the bulk form for "all operations matching this filter".
+    context["bulk_filters"] = [(name, request.GET[name]) for name in BULK_FILTER_FIELDS
+                               if request.GET.get(name)]
+    context["bulk_actions"] = [(state, ACTION_LABELS[state]) for state in ACTION_LABELS]
     return _render(request, "review/queue.html", "results", context)
+
+
+@require_POST
+@resolve_required
+@ledger_errors
+def bulk_resolve(request):
+    """One decision on the ticked operations, or on all matching the queue's filter (up
+    to bulk.BULK_CAP); each through receipts.resolve with the version the page showed.
+    Shows what was decided and what was skipped, and why."""
+    form = BulkDecisionForm(request.POST)
+    if not form.is_valid():
+        return _render(request, "review/bulk_result.html", "result",
+                       {"form": form, "result": None}, status=422)
+    data = form.cleaned_data
+    if data["all_matching"]:
+        filters = QueueFilterForm(request.POST).filters()
+        items = selectors.queue_selection(request.user, filters, limit=bulk.BULK_CAP)
+    else:
+        items = data["items"]
+    try:
+        result = bulk.resolve_many(items, data["to_state"], user=request.user,
+                                   reason=data["reason"])
+    except errors.InvalidInput as exc:
+        form.add_error(None, f"Nothing recorded: {exc}")
+        return _render(request, "review/bulk_result.html", "result",
+                       {"form": form, "result": None}, status=422)
+    context = {"form": form, "result": result, "label": ACTION_LABELS[data["to_state"]]}
+    return _render(request, "review/bulk_result.html", "result", context)
 
 
 @require_GET
@@ -60,7 +96,7 @@ def operation_detail(request, operation_id: str):
 
 
 def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
-            ack_form: AcknowledgeForm | None = None, status: int = 200):
+            ack_form: AcknowledgeForm | None = None, status: int = 200, approval_form=None):
     detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
     if form is None:
@@ -72,6 +108,10 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "ack_form": ack_form or AcknowledgeForm(initial={"version": op.version}),
         "actions": [(state, ACTION_LABELS[state]) for state in detail.resolutions],
         "offers_external_id": State.SUCCEEDED in detail.resolutions,
+        # Approval before the call (review/views_approvals.py decides).
+        "approval": selectors.approval_panel(request.user, op),
+        "approval_form": approval_form or ApprovalDecisionForm(),
+        "approval_actions": DECISION_LABELS,
     }
     return _render(request, "review/operation.html", "decision", context, status=status)
 

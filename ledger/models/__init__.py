@@ -1,6 +1,12 @@
 """The ledger's tables. One module per area; everything is importable from here."""
 
 from ledger.models.agent_keys import AgentKey, AgentKeyChange
+from ledger.models.approvals import (
+    Approval,
+    ApprovalPolicy,
+    ApprovalPolicyChange,
+    ApprovalRequest,
+)
 from ledger.models.coordination import (
     Lease,
     Run,
@@ -33,6 +39,10 @@ from ledger.models.retention import (
 __all__ = [
     "AgentKey",
     "AgentKeyChange",
+    "Approval",
+    "ApprovalPolicy",
+    "ApprovalPolicyChange",
+    "ApprovalRequest",
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",

@@ -4,6 +4,7 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.approval_gate import GATE_TRIGGER
 from ledger.models.triggers import SANCTIONED, Protect, Trigger
 from ledger.states import (
     TERMINAL,
@@ -313,6 +314,7 @@ class Operation(models.Model):
                 condition=pgtrigger.Q(old__state__df=pgtrigger.F("new__state")),
                 func=_event_recorded("OLD.state"),
             ),
+            GATE_TRIGGER,
         ]
 
     def __str__(self):

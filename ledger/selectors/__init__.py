@@ -13,6 +13,15 @@ exception is `ledger.retention`, whose rule the preview counts with (its SQL is 
 purge's). The names below are re-exported, so `selectors.review_queue` keeps working.
 """
 
+from ledger.selectors.approvals import (
+    AWAITING_COUNT_CAP,
+    ApprovalPanel,
+    approval_panel,
+    approval_policies,
+    awaiting_count,
+    awaiting_page,
+    visible_awaiting,
+)
 from ledger.selectors.audit import (
     AuditFilters,
     HeadStatus,
@@ -43,6 +52,7 @@ from ledger.selectors.operations import (
     can_acknowledge,
     duplicates_of,
     operation_detail,
+    queue_selection,
     resolutions_for,
     review_queue,
     visible_operations,
@@ -75,4 +85,6 @@ __all__ = [
     "overdue_page", "parse_cursor", "resolutions_for", "retention_overview", "review_queue",
     "run_detail", "run_records", "visible", "visible_conflicts", "visible_operations",
     "visible_overdue", "with_review_flags",
+    "AWAITING_COUNT_CAP", "queue_selection", "ApprovalPanel", "approval_panel", "approval_policies",
+    "awaiting_count", "awaiting_page", "visible_awaiting",
 ]

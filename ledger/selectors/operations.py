@@ -140,6 +140,18 @@ def review_queue(
     return page
 
 
+def queue_selection(user, filters: QueueFilters, *, limit: int,
+                    now: datetime | None = None) -> list[tuple[str, int]]:
+    """(operation_id, version) of the queue's operations matching `filters` (as the queue
+    shows them, oldest in their state first), at most `limit`: one query. What "select all
+    matching this filter" of a bulk decision takes."""
+    now = now or timezone.now()
+    qs = _in_queue(_filtered(user, filters, now=now), filters.state,
+                   searching=bool(filters.search))
+    return list(qs.order_by("state_changed_at", "id")
+                .values_list("operation_id", "version")[:limit])
+
+
 def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
     counts = dict.fromkeys(QUEUE_STATES, 0)
     counts.update(

@@ -39,11 +39,14 @@ DECLARE
     other_table text;
     -- table => its writes, as GRANT takes them. Reads are granted on every table.
     ledger_writes CONSTANT jsonb := jsonb_build_object(
-        -- receipts: the columns ledger.transitions sets; the rest never changes
+        -- receipts: the columns ledger.transitions sets; the rest never changes (intent and
+        -- its fingerprint: an approver's edit of a planned intent, which the transition
+        -- trigger admits only with a person's approval of exactly that fingerprint)
         'ledger_operation', 'INSERT, UPDATE (state, version, state_changed_at, conflict, '
             'attempt, external_id, error_code, error_detail, submitted_at, in_flight_until, '
             'completed_at, unknown_since, next_attempt_at, reconcile_attempts, '
-            'reconcile_failures, result, result_unstorable, reread_due_at)',
+            'reconcile_failures, result, result_unstorable, reread_due_at, intent, '
+            'intent_fingerprint)',
         -- append-only: the audit trail
         'ledger_operationevent', 'INSERT',
         'ledger_evidence', 'INSERT',
@@ -53,6 +56,8 @@ DECLARE
         'ledger_tenantaccesschange', 'INSERT',
         'ledger_agentkeychange', 'INSERT',
         'ledger_auditverification', 'INSERT',
+        'ledger_approval', 'INSERT',
+        'ledger_approvalpolicychange', 'INSERT',
         -- written only by ledger_retention_purge / ledger_retention_redact
         'ledger_chainanchor', '',
         'ledger_redaction', '',
@@ -64,6 +69,10 @@ DECLARE
         'ledger_purgerun', 'INSERT, UPDATE (operations_purged, events_purged, '
             'evidence_purged, operations_redacted, evidence_redacted, first_operation_id, '
             'last_operation_id, finished_at, policy_id)',
+        -- approvals: policies are the desk's; a request's status follows the decisions
+        'ledger_approvalpolicy', 'INSERT, UPDATE',
+        'ledger_approvalrequest', 'INSERT, UPDATE (tenant, note, requested_by, '
+            'approvals_needed, status, requested_at, decided_at)',
         -- execution state: their triggers allow each row's one-way moves only
         'ledger_fact', 'INSERT, UPDATE (status, superseded_by_id)',
         'ledger_factconflict', 'INSERT, UPDATE (state, resolved_at, resolved_by_id, '

@@ -364,3 +364,18 @@ def test_a_nul_or_a_lone_surrogate_in_a_field_is_refused_as_a_problem_not_a_500(
                    {"error_code": "ConnectionReset", "detail": "reset\u0000 \ud800"})
     assert unknown.status_code == 200, unknown.text
     assert unknown.json()["error_detail"] == "reset\ufffd \ufffd"
+
+
+def test_a_submission_under_an_approval_policy_is_409_approval_required(make_key, client_for):
+    from ledger import approvals
+
+    admin = UserFactory(username="policy-admin", role="admin")
+    approvals.set_policy("mail.*", user=admin)
+    agent = client_for(make_key("billing-bot"))
+    op = record(agent).json()
+    refused = agent.post(f"/api/v1/operations/{op['operation_id']}/submitted", json={})
+    body = assert_problem(refused, 409, detail_has="expected 1 live approval(s)")
+    assert (body["error"], body["type"]) == ("ApprovalRequired",
+                                             "urn:agent-ledger:problem:approval-required")
+    assert (body["approvals_needed"], body["approvals_live"]) == (1, 0)
+    assert Operation.objects.get().state == "planned"

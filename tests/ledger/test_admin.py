@@ -10,7 +10,18 @@ from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from ledger import access, agent_keys, chain, episodes, facts, leases, obligations, retention, runs
+from ledger import (
+    access,
+    agent_keys,
+    approvals,
+    chain,
+    episodes,
+    facts,
+    leases,
+    obligations,
+    retention,
+    runs,
+)
 from ledger.errors import PermissionDenied
 from ledger.models import PurgeRun, Run, TenantAccess, TenantAccessChange
 from ledger.states import State
@@ -59,6 +70,11 @@ def populate(tenant: str, root) -> None:
     agent_keys.create(f"bot-{tenant}", tenants=[tenant], user=root)
     retention.set_policy("*", tenant=tenant, purge_after_days=30, redact_after_days=10,
                          user=root)
+    approvals.set_policy(f"pay-{tenant}.*", tenant=tenant, user=root)
+    gated = OperationFactory(tenant=tenant, operation=f"pay-{tenant}.send",
+                             intent={"tenant": tenant})
+    approvals.request(gated, note=f"paying in {tenant}")
+    approvals.approve(gated, user=root, reason=f"checked {tenant}")
     complete_days_ago(old, 31)
     complete_days_ago(aging, 15)
 

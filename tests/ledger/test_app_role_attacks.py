@@ -352,11 +352,12 @@ def test_the_app_role_holds_no_write_beyond_what_the_api_needs(world):
     # Table-wide UPDATE or DELETE only where the desk edits and removes rows.
     assert table_rights == {("ledger_retentionpolicy", "UPDATE"),
                             ("ledger_retentionpolicy", "DELETE"),
+                            ("ledger_approvalpolicy", "UPDATE"),
                             ("ledger_tenantaccess", "DELETE")}
     assert not can_create
     assert operation_columns.isdisjoint({
-        "id", "operation_id", "tenant", "operation", "target", "intent", "intent_fingerprint",
-        "idempotency_key", "retry_policy", "created_at", "redacted_at", "run_id", "step_id"})
+        "id", "operation_id", "tenant", "operation", "target", "idempotency_key",
+        "retry_policy", "created_at", "redacted_at", "run_id", "step_id"})
     assert {"state", "version", "external_id", "conflict"} <= operation_columns
 
 

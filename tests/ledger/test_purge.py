@@ -197,7 +197,8 @@ policies = st.dictionaries(
 # recorded would rightly make the next example's fresh chains look rewritten.
 RESET = ("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence, ledger_chainhead, "
          "ledger_chainanchor, ledger_redaction, ledger_purgerun, ledger_retentionpolicy, "
-         "ledger_retentionchange, ledger_auditverification")
+         "ledger_retentionchange, ledger_auditverification, ledger_approval, "
+         "ledger_approvalrequest")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,84 @@
+"""The approval gate of an operation, as SQL: one text for the trigger on ledger_operation
+and for `ledger.approvals.check_can_submit`, so the two cannot disagree.
+
+Apart from the models (which import `ledger.models.operations`): the trigger is one of
+Operation's own.
+"""
+
+import pgtrigger
+
+from ledger.models.triggers import Trigger
+
+
+def gate_sql(*, op_id: str, tenant: str, operation: str, fingerprint: str) -> str:
+    """SELECT needed, have, patterns: the approvals an operation needs before it is sent
+    (0: none), the live approvals of `fingerprint` by distinct people, and the policies
+    asking. The arguments are SQL expressions (`NEW.id` in the trigger, `%s` in Python).
+
+    Needed: the strictest matching policy (consequential: two people), or what the request
+    asked for. Live: an approve decision of this fingerprint not yet expired (PostgreSQL's
+    `now()`, the transaction's start).
+    """
+    return f"""
+    SELECT GREATEST(COALESCE(MAX(CASE WHEN p.consequential
+                                      THEN GREATEST(p.approvals_needed, 2)
+                                      ELSE p.approvals_needed END), 0),
+                    COALESCE((SELECT r.approvals_needed FROM ledger_approvalrequest r
+                               WHERE r.operation_id = {op_id}), 0)) AS needed,
+           (SELECT COUNT(DISTINCT a.decided_by_id) FROM ledger_approval a
+             WHERE a.operation_id = {op_id} AND a.intent_fingerprint = {fingerprint}
+               AND a.decision = 'approve' AND a.expires_at > now()) AS have,
+           COALESCE(string_agg(p.pattern, ', ' ORDER BY p.pattern), '') AS patterns
+      FROM ledger_approvalpolicy p
+     WHERE p.tenant = {tenant} AND p.requires_approval
+       AND {pattern_matches_sql(operation)}
+    """
+
+
+def pattern_matches_sql(operation: str, pattern: str = "p.pattern") -> str:
+    """Whether the glob `pattern` matches `operation` (SQL expressions), as LIKE
+    (`*` any run, `?` one character; `_`, legal in names, taken literally)."""
+    return (f"{operation} LIKE replace(replace(replace({pattern}, '_', '\\_'), '*', '%%'), "
+            "'?', '_')")
+
+
+# How ledger.approvals tells the gate's refusal from any other check violation.
+GATE_HINT = "ledger.approvals: approve it first"
+
+# On ledger_operation (installed with Operation's other triggers): no planned ->
+# submitted without enough live approvals of the fingerprint being submitted, and no new
+# fingerprint on a planned operation unless a person approved exactly that intent.
+GATE_TRIGGER = Trigger(
+    name="operation_submit_approved",
+    operation=pgtrigger.Update,
+    when=pgtrigger.Before,
+    condition=pgtrigger.Q(old__state="planned"),
+    declare=[("gate", "record")],
+    func=f"""
+    IF NEW.state = 'submitted' THEN
+        SELECT * INTO gate FROM ({gate_sql(op_id="NEW.id", tenant="NEW.tenant",
+                                           operation="NEW.operation",
+                                           fingerprint="NEW.intent_fingerprint")
+                                  .replace("%%", "%")}) q;
+        IF gate.have < gate.needed THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', HINT = '{GATE_HINT}',
+                MESSAGE = format('operation %s: expected %s live approval(s) of fingerprint '
+                                 '%s before it is submitted (approval policy %s), found %s',
+                                 NEW.operation_id, gate.needed, NEW.intent_fingerprint,
+                                 COALESCE(NULLIF(gate.patterns, ''), 'none: the agent asked'),
+                                 gate.have);
+        END IF;
+    END IF;
+    IF NEW.intent_fingerprint IS DISTINCT FROM OLD.intent_fingerprint AND NOT EXISTS (
+        SELECT 1 FROM ledger_approval a
+         WHERE a.operation_id = NEW.id AND a.intent_fingerprint = NEW.intent_fingerprint
+           AND a.edited_from = OLD.intent_fingerprint AND a.decision = 'approve') THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected a new intent only with a person''s '
+                             'approval of it (ledger.approvals.approve(intent=)), found '
+                             'fingerprint %s -> %s without one', NEW.operation_id,
+                             OLD.intent_fingerprint, NEW.intent_fingerprint);
+    END IF;
+    RETURN NEW;
+    """,
+)

@@ -1,0 +1,155 @@
+"""Reads of approvals: an operation's approval gate (which `ledger.approvals` asks too), the
+desk's "Awaiting approval" list, one operation's approval panel, and the policies page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connection
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Now
+
+from ledger import access
+from ledger.errors import InvalidInput
+from ledger.models import (
+    Approval,
+    ApprovalPolicy,
+    ApprovalPolicyChange,
+    ApprovalRequest,
+    Operation,
+)
+from ledger.models.approval_gate import gate_sql
+from ledger.selectors.base import capped_count, visible
+from ledger.selectors.pagination import Page, keyset_page
+from ledger.states import State
+
+AWAITING_COUNT_CAP = 500
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Where an operation stands: `needed` people (0: nothing asks), `have` live approvals
+    of its current fingerprint by distinct people, the policies asking, and the reason of a
+    denial if there was one."""
+
+    needed: int
+    have: int
+    patterns: str
+    state: str
+    version: int
+    intent_fingerprint: str
+    denial: str | None
+
+    @property
+    def is_open(self) -> bool:
+        return self.needed == 0 or self.have >= self.needed
+
+
+_GATE = f"""
+SELECT g.needed, g.have, g.patterns, o.state, o.version, o.intent_fingerprint,
+       (SELECT a.reason FROM ledger_approval a
+         WHERE a.operation_id = o.id AND a.decision = 'deny' ORDER BY a.id DESC LIMIT 1)
+  FROM ledger_operation o,
+       LATERAL ({gate_sql(op_id="o.id", tenant="o.tenant", operation="o.operation",
+                          fingerprint="o.intent_fingerprint")}) g
+ WHERE o.id = %s
+"""
+
+
+def gate(op: Operation) -> Gate:
+    """The operation's approval gate as the database sees it now (one query)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_GATE, [op.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise InvalidInput(f"expected operation {op.operation_id} in the ledger, found none")
+    return Gate(*row)
+
+
+def visible_awaiting(user, *, tenant: str = ""):
+    """Requests of planned operations the user may see that wait for a person (pending, or
+    approved with approvals expired since), oldest first; each with `live_approvals`
+    (distinct people, for the operation's current intent)."""
+    live = (Approval.objects
+            .filter(operation=OuterRef("operation"), decision=Approval.Decision.APPROVE,
+                    intent_fingerprint=OuterRef("operation__intent_fingerprint"),
+                    expires_at__gt=Now())
+            .order_by().values("operation")
+            .annotate(n=Count("decided_by", distinct=True)).values("n"))
+    # An approved request whose approvals expired before the agent sent it waits again.
+    qs = (visible(user, ApprovalRequest)
+          .filter(operation__state=State.PLANNED)
+          .select_related("operation", "operation__run", "operation__step")
+          .annotate(live_approvals=Coalesce(Subquery(live), 0))
+          .filter(Q(status=ApprovalRequest.Status.PENDING)
+                  | Q(status=ApprovalRequest.Status.APPROVED,
+                      live_approvals__lt=F("approvals_needed")))
+          .order_by("requested_at", "id"))
+    return qs.filter(tenant=tenant) if tenant else qs
+
+
+def awaiting_page(user, *, tenant: str = "", cursor: str = "", per_page: int = 50) -> Page:
+    """One keyset page of the "Awaiting approval" list: one query."""
+    return Page(**keyset_page(visible_awaiting(user, tenant=tenant), "requested_at",
+                              cursor=cursor, per_page=per_page, descending=False))
+
+
+def awaiting_count(user, *, tenant: str = "") -> tuple[int, bool]:
+    return capped_count(visible_awaiting(user, tenant=tenant), AWAITING_COUNT_CAP)
+
+
+@dataclass(frozen=True)
+class ApprovalPanel:
+    """What the operation page shows about approval: the gate, the request, each decision,
+    and whether this user may decide now."""
+
+    needed: int
+    have: int
+    patterns: str
+    request: ApprovalRequest | None
+    approvals: list[Approval]
+    can_decide: bool
+    approved_by_me: bool
+
+    @property
+    def is_open(self) -> bool:
+        return self.needed == 0 or self.have >= self.needed
+
+    @property
+    def proposer(self) -> Approval | None:
+        """The first live approval of the current intent, when a second person is due."""
+        live = [a for a in self.approvals if a.is_live_for_current]
+        return live[0] if live and self.needed > 1 and self.have < self.needed else None
+
+
+def approval_panel(user, op: Operation) -> ApprovalPanel | None:
+    """None when approval plays no part (no decision, and for a planned operation no
+    policy or request either). One query (the decisions), three for a planned operation
+    (its gate and request too)."""
+    decisions = list(Approval.objects.filter(operation=op).annotate(
+        is_live_for_current=Q(decision=Approval.Decision.APPROVE,
+                              intent_fingerprint=F("operation__intent_fingerprint"),
+                              expires_at__gt=Now()),
+    ).order_by("created_at", "id"))
+    needed = have = 0
+    patterns, request = "", None
+    if op.state == State.PLANNED:
+        current = gate(op)
+        needed, have, patterns = current.needed, current.have, current.patterns
+        request = ApprovalRequest.objects.filter(operation=op).first()
+    if needed == 0 and request is None and not decisions:
+        return None
+    may = (op.state == State.PLANNED and user.has_perm("ledger.resolve_operation")
+           and access.can_see(user, op.tenant))
+    mine = any(a.is_live_for_current and a.decided_by_id == user.pk for a in decisions)
+    return ApprovalPanel(needed=needed, have=have, patterns=patterns, request=request,
+                         approvals=decisions, can_decide=may, approved_by_me=mine)
+
+
+def approval_policies(user) -> dict:
+    """The policies page: every policy of the user's tenants and their recent changes."""
+    access.require_perm(user, "ledger.view_approvalpolicy", doing="see approval policies")
+    return {
+        "policies": list(visible(user, ApprovalPolicy).select_related("updated_by")),
+        "changes": list(visible(user, ApprovalPolicyChange)[:50]),
+    }
