@@ -202,7 +202,13 @@ def settled_receipt_rewritten(w: World):
     yield Attempt("UPDATE ledger_operation SET external_id = 'forged' WHERE id = %s", [op], CHECK)
     yield Attempt("UPDATE ledger_operation SET completed_at = now() WHERE id = %s", [op], CHECK)
     yield Attempt("UPDATE ledger_operation SET result = '{\"x\": 1}' WHERE id = %s", [op], CHECK)
-    yield Attempt("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [op], NO_PRIVILEGE)
+    # The app role may write an intent (an approver's edit of a planned one); the transition
+    # trigger refuses any other change of it.
+    yield Attempt("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [op], CHECK)
+    yield Attempt("UPDATE ledger_operation SET intent = '{}', intent_fingerprint = 'forged' "
+                  "WHERE id = %s", [op], CHECK)
+    yield Attempt("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [w.submitted.pk],
+                  CHECK)
     yield Attempt("UPDATE ledger_operation SET target = 'x' WHERE id = %s", [op], NO_PRIVILEGE)
     yield Attempt("UPDATE ledger_operation SET redacted_at = now() WHERE id = %s", [op],
                   NO_PRIVILEGE)
