@@ -15,7 +15,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from ledger import access, states
-from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models import Claim, Evidence, Operation, OperationEvent, OperationNote
 from ledger.models.operations import Conflict
 from ledger.selectors.base import capped_count, fetch_one, visible
 from ledger.selectors.pagination import Page, check_per_page, keyset_page
@@ -41,6 +41,16 @@ def access_operation(user, operation_id: str) -> Operation:
 
 def _latest_evidence():
     return Evidence.objects.filter(operation=OuterRef("pk")).order_by("-created_at", "-id")
+
+
+def with_claims(qs: QuerySet[Operation], *, now: datetime) -> QuerySet[Operation]:
+    """Annotate `claimed_by_name` and `claim_expires_at`: the live claim ("Ada is looking
+    at this", `ledger.claims`) on each operation, or None; in the same query."""
+    live = Claim.objects.filter(operation=OuterRef("pk"), expires_at__gt=now)
+    return qs.annotate(
+        claimed_by_name=Subquery(live.values("claimed_by_name")[:1]),
+        claim_expires_at=Subquery(live.values("expires_at")[:1]),
+    )
 
 
 def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
@@ -131,7 +141,8 @@ def review_queue(
     now = now or timezone.now()
     per_page = check_per_page(per_page)
     filtered = _filtered(user, filters, now=now)
-    flagged = with_review_flags(filtered).select_related("run").defer("intent", "error_detail")
+    flagged = with_claims(with_review_flags(filtered), now=now)
+    flagged = flagged.select_related("run").defer("intent", "error_detail")
     qs = _in_queue(flagged, filters.state, searching=bool(filters.search))
     order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
     page = QueuePage(**keyset_page(qs.order_by(*order), "state_changed_at", cursor=cursor,
@@ -179,13 +190,25 @@ class OperationDetail:
     resolutions: list[str]
     # A person may settle the operation's conflict flag (`receipts.acknowledge`).
     can_acknowledge: bool = False
+    # The live claim on it ("Ada is looking at this"), or None; people's notes.
+    claim: Claim | None = None
+    notes: list[OperationNote] = field(default_factory=list)
+    # A person may claim it and write notes (`ledger.claims`).
+    can_claim: bool = False
+
+    @property
+    def timeline(self) -> list[tuple[str, object]]:
+        """Events and notes in the order they happened: ("event" | "note", row)."""
+        rows = [("event", ev) for ev in self.events] + [("note", n) for n in self.notes]
+        return sorted(rows, key=lambda row: (row[1].created_at, row[0] == "note"))
 
 
 DUPLICATES_SHOWN = 50
 
 
-def operation_detail(user, operation_id: str) -> OperationDetail:
+def operation_detail(user, operation_id: str, *, now: datetime | None = None) -> OperationDetail:
     """Everything the detail page shows; errors.NotFound for another tenant's."""
+    now = now or timezone.now()
     op = fetch_one(
         with_review_flags(visible_operations(user)).select_related("run", "step"),
         f"operation {operation_id!r}", operation_id=operation_id,
@@ -197,7 +220,15 @@ def operation_detail(user, operation_id: str) -> OperationDetail:
         duplicates=duplicates_of(op),
         resolutions=resolutions_for(op, user),
         can_acknowledge=can_acknowledge(op, user),
+        claim=Claim.objects.filter(operation=op, expires_at__gt=now).first(),
+        notes=list(op.notes.order_by("created_at", "id")),
+        can_claim=can_claim(op, user),
     )
+
+
+def can_claim(op: Operation, user) -> bool:
+    """Whether `user` may claim `op` and write notes on it (`ledger.claims` checks again)."""
+    return user.has_perm("ledger.resolve_operation") and access.can_see(user, op.tenant)
 
 
 def duplicates_of(op: Operation, *, limit: int = DUPLICATES_SHOWN) -> list[Operation]:
