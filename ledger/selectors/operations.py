@@ -17,7 +17,7 @@ from django.utils import timezone
 from ledger import access, states
 from ledger.models import Claim, Evidence, Operation, OperationEvent, OperationNote
 from ledger.models.operations import Conflict
-from ledger.selectors.base import capped_count, fetch_one, visible
+from ledger.selectors.base import fetch_one, visible
 from ledger.selectors.pagination import Page, check_per_page, keyset_page
 from ledger.states import RetryPolicy, State
 
@@ -86,6 +86,10 @@ class QueueFilters:
 class QueuePage(Page):
     counts: dict[str, int] = field(default_factory=dict)
     conflicts_capped: bool = False
+    # Everything waiting on a person ("All waiting"): the queue states plus conflicting
+    # operations in other states; `total_capped` when the conflicting part was capped.
+    total: int = 0
+    total_capped: bool = False
 
 
 QUEUE_STATES: tuple[str, ...] = states.QUEUE_STATES
@@ -126,16 +130,20 @@ def review_queue(
     filters: QueueFilters | None = None,
     *,
     cursor: str = "",
+    before: str = "",
     per_page: int = 50,
     now: datetime | None = None,
 ) -> QueuePage:
     """One page of the operations waiting on a person, plus counts per queue state.
 
     Ordered by when the operation entered its state (newest first unless
-    `oldest_first`), keyset-paginated: `cursor` is the `next_cursor` of the page before.
+    `oldest_first`), keyset-paginated: `cursor` is the `next_cursor` of the page before,
+    `before` the `previous_cursor` of the page after. `filters.state` may be any state
+    (browsing settled ones too) or "conflicting"; "" is everything waiting on a person.
     Three queries whatever `per_page`: the page, a grouped count over the indexed
-    unresolved states, and a count of conflicting operations capped at
-    CONFLICT_COUNT_CAP. Raises InvalidInput for a malformed cursor or page size.
+    unresolved states, and the conflicting operations capped at CONFLICT_COUNT_CAP (which
+    also gives the total of "All waiting"). Raises InvalidInput for a malformed cursor or
+    page size.
     """
     filters = filters or QueueFilters()
     now = now or timezone.now()
@@ -146,8 +154,11 @@ def review_queue(
     qs = _in_queue(flagged, filters.state, searching=bool(filters.search))
     order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
     page = QueuePage(**keyset_page(qs.order_by(*order), "state_changed_at", cursor=cursor,
-                                   per_page=per_page, descending=not filters.oldest_first))
-    page.counts, page.conflicts_capped = _queue_counts(filtered)
+                                   before=before, per_page=per_page,
+                                   descending=not filters.oldest_first))
+    page.counts, page.conflicts_capped, outside = _queue_counts(filtered)
+    page.total = sum(page.counts[state] for state in QUEUE_STATES) + outside
+    page.total_capped = page.conflicts_capped
     return page
 
 
@@ -163,7 +174,9 @@ def queue_selection(user, filters: QueueFilters, *, limit: int,
                 .values_list("operation_id", "version")[:limit])
 
 
-def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
+def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool, int]:
+    """Counts per queue state, the conflicting count (capped) and whether it was capped,
+    and how many of the conflicting are in no queue state (settled duplicates, say)."""
     counts = dict.fromkeys(QUEUE_STATES, 0)
     counts.update(
         filtered.filter(state__in=QUEUE_STATES)
@@ -172,10 +185,13 @@ def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
         .annotate(n=Count("id"))
         .values_list("state", "n")
     )
-    counts[CONFLICTING], capped = capped_count(
-        with_review_flags(filtered).filter(_conflicting()), CONFLICT_COUNT_CAP
-    )
-    return counts, capped
+    conflicting = list(filtered.filter(_conflicting()).order_by()
+                       .values_list("state", flat=True)[: CONFLICT_COUNT_CAP + 1])
+    capped = len(conflicting) > CONFLICT_COUNT_CAP
+    conflicting = conflicting[:CONFLICT_COUNT_CAP]
+    counts[CONFLICTING] = len(conflicting)
+    outside = sum(1 for state in conflicting if state not in QUEUE_STATES)
+    return counts, capped, outside
 
 
 # --- one operation -----------------------------------------------------------------------

@@ -211,3 +211,19 @@ def test_operation_page_with_claim_and_notes_runs_a_fixed_number_of_queries(
         client.get(page_of(waiting))
     notes = [q for q in captured.captured_queries if "ledger_operationnote" in q["sql"]]
     assert len(notes) == 1
+
+
+@pytest.mark.django_db
+def test_the_purge_removes_an_operations_claim_and_notes_with_it(ada):
+    from ledger import retention
+    from tests.support.retention import complete_days_ago, retention_admin
+
+    retention.set_policy("*", purge_after_days=30, user=retention_admin())
+    op = OperationFactory(state=State.SUCCEEDED)
+    claims.claim(op, user=ada)
+    claims.add_note(op, user=ada, text="checked, fine")
+    complete_days_ago(op, 40)
+    result = retention.purge(actor="test")
+    assert op.operation_id in result.purged_operation_ids
+    assert not Claim.objects.filter(operation_id=op.pk).exists()
+    assert not OperationNote.objects.filter(operation_id=op.pk).exists()
