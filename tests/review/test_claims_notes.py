@@ -227,3 +227,23 @@ def test_the_purge_removes_an_operations_claim_and_notes_with_it(ada):
     assert op.operation_id in result.purged_operation_ids
     assert not Claim.objects.filter(operation_id=op.pk).exists()
     assert not OperationNote.objects.filter(operation_id=op.pk).exists()
+
+
+@pytest.mark.django_db
+def test_timeline_and_audit_times_are_relative_with_the_absolute_utc(client, ada, waiting):
+    from datetime import UTC
+
+    from review.templatetags.desk import ago
+
+    note = claims.add_note(waiting, user=ada, text="looked",
+                           now=timezone.now() - timedelta(minutes=3, seconds=5))
+    stamp = note.created_at.astimezone(UTC)
+    expected = (f'<time datetime="{stamp.isoformat()}" '
+                f'title="{stamp:%Y-%m-%d %H:%M:%S} UTC">3 min ago</time>')
+    assert ago(note.created_at) == expected
+    assert "in 12 min" in ago(timezone.now() + timedelta(minutes=12, seconds=30))
+    client.force_login(ada)
+    assert expected in client.get(page_of(waiting)).content.decode()
+    audit = client.get(reverse("review:audit")).content.decode()
+    event = waiting.events.order_by("version").last().created_at.astimezone(UTC)
+    assert f'<time datetime="{event.isoformat()}"' in audit
