@@ -114,3 +114,32 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server):
         assert {path: w for path, w in widths.items() if w > PHONE["width"]} == {}
     finally:
         context.close()
+
+
+def test_an_item_is_resolved_with_the_keyboard_alone(browser_page):
+    page = browser_page
+    UserFactory(username="reviewer", role="reviewer")
+    op = OperationFactory(state=State.MANUAL_REVIEW)
+    log_in(page, "reviewer")
+    page.keyboard.press("j")
+    page.keyboard.press("o")
+    page.wait_for_url(f"**/operations/{op.operation_id}/")
+    page.keyboard.press("a")
+    assert page.evaluate("document.activeElement.value") == "abandoned"
+    # back past the other decisions and the external id to the reason, and forward again
+    for _ in range(6):
+        page.keyboard.press("Shift+Tab")
+        if page.evaluate("document.activeElement.id") == "id_reason":
+            break
+    assert page.evaluate("document.activeElement.id") == "id_reason"
+    page.keyboard.type("Checked the CMS: never created; the agent gave up")
+    for _ in range(6):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.value") == "abandoned":
+            break
+    assert page.evaluate("document.activeElement.value") == "abandoned"
+    page.keyboard.press("Enter")
+    page.locator("#decision >> text=Recorded: Abandon").wait_for()
+    op.refresh_from_db()
+    assert op.state == State.ABANDONED
+    assert page.evaluate("document.activeElement !== document.body")

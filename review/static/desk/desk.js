@@ -3,6 +3,8 @@
  *   j / k      next / previous row of the list (queue, audit log, ...)
  *   o, Enter   open the selected row
  *   /          focus the search (or the first filter)
+ *   s / r / a  on an operation: focus "Mark succeeded", "Safe to retry" or "Abandon"
+ *              (Shift+Tab reaches the reason; Enter decides)
  *   ?          this help; Escape closes it
  *
  * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held.
@@ -80,6 +82,17 @@
           event.preventDefault();
           search.focus();
           if (search.select) { search.select(); }
+        }
+        break;
+      case "s":
+      case "r":
+      case "a":
+        var state = {s: "succeeded", r: "safe_to_retry", a: "abandoned"}[event.key];
+        var button = document.querySelector(
+          '#decision button[name="to_state"][value="' + state + '"]');
+        if (button) {
+          event.preventDefault();
+          button.focus();
         }
         break;
       case "?":
