@@ -158,6 +158,12 @@
       target.focus({preventScroll: true});
     }
   });
+  // A note that was recorded leaves its form empty for the next one.
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var form = event.detail && event.detail.elt;
+    if (form && form.id === "add-note" && event.detail.successful) { form.reset(); }
+  });
+
   // A list swapped in starts with no row selected.
   document.addEventListener("htmx:afterSwap", function (event) {
     if (event.detail && event.detail.target && event.detail.target.id === "results") {
