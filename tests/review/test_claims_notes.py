@@ -170,17 +170,23 @@ def test_claim_and_note_over_htmx_return_the_fresh_decision_fragment(client, ada
     assert "over htmx" in body
 
 
-@pytest.mark.django_db
-def test_only_one_of_two_reviewers_claiming_at_once_wins(ada, bob, waiting):
-    claims.claim(waiting, user=ada)
-    claims.release(waiting, user=ada)
-    results = []
-    for user in (bob, ada):
-        try:
-            results.append(claims.claim(waiting, user=user).claimed_by_name)
-        except errors.ClaimHeld as exc:
-            results.append(f"refused: {exc.holder}")
-    assert results == ["bob", "refused: bob"]
+@pytest.mark.django_db(transaction=True)
+def test_of_reviewers_claiming_at_once_exactly_one_wins_and_the_others_learn_who():
+    from tests.factories import ensure_roles
+    from tests.support.concurrency import join, run_threads
+
+    ensure_roles()
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    people = [UserFactory(username=f"r{i}", role="reviewer") for i in range(6)]
+
+    def take(i):
+        return claims.claim(op, user=people[i]).claimed_by_name
+
+    threads, results, refused = run_threads(len(people), take)
+    join(threads)
+    assert len(results) == 1 and len(refused) == len(people) - 1
+    assert all(isinstance(e, errors.ClaimHeld) and e.holder == results[0] for e in refused)
+    assert Claim.objects.get(operation=op).claimed_by_name == results[0]
 
 
 @pytest.mark.django_db
