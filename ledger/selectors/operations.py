@@ -44,11 +44,13 @@ def _latest_evidence():
 
 
 def with_claims(qs: QuerySet[Operation], *, now: datetime) -> QuerySet[Operation]:
-    """Annotate `claimed_by_name` and `claim_expires_at`: the live claim ("Ada is looking
-    at this", `ledger.claims`) on each operation, or None; in the same query."""
+    """Annotate `claimed_by_name`, `claimed_by_user` (the user's id) and `claim_expires_at`:
+    the live claim ("Ada is looking at this", `ledger.claims`) on each operation, or None;
+    in the same query."""
     live = Claim.objects.filter(operation=OuterRef("pk"), expires_at__gt=now)
     return qs.annotate(
         claimed_by_name=Subquery(live.values("claimed_by_name")[:1]),
+        claimed_by_user=Subquery(live.values("claimed_by_id")[:1]),
         claim_expires_at=Subquery(live.values("expires_at")[:1]),
     )
 

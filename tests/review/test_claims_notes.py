@@ -40,6 +40,7 @@ def test_a_claim_is_seen_by_another_reviewer_in_the_queue_and_on_the_page(client
                                                                           waiting):
     client.force_login(ada)
     client.post(reverse("review:claim", args=[waiting.operation_id]))
+    assert "you are looking at this" in client.get(QUEUE).content.decode()
     client.force_login(bob)
     queue = client.get(QUEUE).content.decode()
     assert "ada is looking at this" in queue
