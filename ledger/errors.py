@@ -140,3 +140,12 @@ class ApprovalDenied(LedgerError):
 class SecondPersonRequired(LedgerError):
     """This person already approved this intent: the next approval must be someone else's
     (two-person rule)."""
+
+
+class ClaimHeld(LedgerError):
+    """Another reviewer holds a live claim on the operation (`ledger.claims`)."""
+
+    def __init__(self, message: str, *, holder: str = "", expires_at=None):
+        super().__init__(message)
+        self.holder = holder
+        self.expires_at = expires_at

@@ -13,19 +13,24 @@ from ledger.states import QUEUE_STATES, RESOLUTIONS, State
 
 AGES = {
     "": None,
+    "15m": timedelta(minutes=15),
     "1h": timedelta(hours=1),
     "3h": timedelta(hours=3),
     "24h": timedelta(hours=24),
     "7d": timedelta(days=7),
 }
 AGE_CHOICES = [
-    ("", "any age"), ("1h", "stuck > 1 h"), ("3h", "stuck > 3 h"), ("24h", "stuck > 24 h"),
-    ("7d", "stuck > 7 d"),
+    ("", "any age"), ("15m", "waiting > 15 min"), ("1h", "stuck > 1 h"),
+    ("3h", "stuck > 3 h"), ("24h", "stuck > 24 h"), ("7d", "stuck > 7 d"),
 ]
 QUEUE_STATE_CHOICES = [
     ("", "all waiting"),
     *((state, State(state).label) for state in QUEUE_STATES),
     (selectors.CONFLICTING, "Conflicting"),
+    # Browsing: every other state of the table (safe_to_retry waits for its agent, a
+    # submitted one older than "stuck > 1 h" lost its sender, ...).
+    ("Every state", [(state, State(state).label) for state in State.values
+                     if state not in QUEUE_STATES]),
 ]
 # The button of each decision a reviewer may take (`ledger.states.RESOLUTIONS`, derived
 # from the state table): a decision the table gains without a label here stops the import.
@@ -62,6 +67,25 @@ class _PageForm(forms.Form):
 
 
 class QueueFilterForm(_PageForm):
+    # `previous_cursor` of the page after: the queue pages back as well as forward.
+    before = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def clean_before(self):
+        before = self.cleaned_data["before"]
+        if before:
+            try:
+                selectors.parse_cursor(before)
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return before
+
+    def page_args(self) -> dict:
+        args = super().page_args()
+        args["before"] = self.cleaned_data.get("before", "") if self.is_valid() else ""
+        if args["before"]:
+            args["cursor"] = ""
+        return args
+
     q = forms.CharField(
         required=False, max_length=500, label="Search",
         widget=forms.TextInput(attrs={"placeholder": "operation id, external id or key",

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from review import views, views_approvals, views_execution, views_retention
+from review import views, views_approvals, views_desk, views_execution, views_retention
 
 app_name = "review"
 
@@ -40,4 +40,11 @@ urlpatterns += [
          name="approval_decide"),
     path("approvals/policies/", views_approvals.policies, name="approval_policies"),
     path("approvals/policies/set/", views_approvals.set_policy, name="approval_policy_set"),
+]
+
+# Claims and notes on an operation (review/views_desk.py).
+urlpatterns += [
+    path("operations/<str:operation_id>/claim/", views_desk.claim, name="claim"),
+    path("operations/<str:operation_id>/release/", views_desk.release, name="release"),
+    path("operations/<str:operation_id>/notes/", views_desk.add_note, name="add_note"),
 ]

@@ -53,6 +53,7 @@ def queue(request):
     context["exec_counts"] = selectors.execution_counts(request.user,
                                                         tenant=form.filters().tenant)
     context["bulk_cap"] = bulk.BULK_CAP
+    context["queue_values"] = [*selectors.QUEUE_STATES, selectors.CONFLICTING]
     # The filter, carried by the bulk form for "all operations matching this filter".
     context["bulk_filters"] = [(name, request.GET[name]) for name in BULK_FILTER_FIELDS
                                if request.GET.get(name)]

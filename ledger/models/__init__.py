@@ -15,6 +15,7 @@ from ledger.models.coordination import (
     TenantAccess,
     TenantAccessChange,
 )
+from ledger.models.desk import Claim, OperationNote
 from ledger.models.execution import (
     ConflictState,
     Episode,
@@ -46,6 +47,7 @@ __all__ = [
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",
+    "Claim",
     "ConflictState",
     "Episode",
     "Evidence",
@@ -58,6 +60,7 @@ __all__ = [
     "ObligationState",
     "Operation",
     "OperationEvent",
+    "OperationNote",
     "PurgeRun",
     "Redaction",
     "RetentionChange",

@@ -50,12 +50,14 @@ from ledger.selectors.operations import (
     QueuePage,
     access_operation,
     can_acknowledge,
+    can_claim,
     duplicates_of,
     operation_detail,
     queue_selection,
     resolutions_for,
     review_queue,
     visible_operations,
+    with_claims,
     with_review_flags,
 )
 from ledger.selectors.pagination import MAX_PAGE_SIZE, Page, make_cursor, parse_cursor
@@ -84,7 +86,7 @@ __all__ = [
     "execution_counts", "fetch_one", "iter_audit_events", "make_cursor", "operation_detail",
     "overdue_page", "parse_cursor", "resolutions_for", "retention_overview", "review_queue",
     "run_detail", "run_records", "visible", "visible_conflicts", "visible_operations",
-    "visible_overdue", "with_review_flags",
+    "visible_overdue", "with_review_flags", "can_claim", "with_claims",
     "AWAITING_COUNT_CAP", "queue_selection", "ApprovalPanel", "approval_panel", "approval_policies",
     "awaiting_count", "awaiting_page", "visible_awaiting",
 ]

@@ -15,9 +15,9 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from ledger import access, states
-from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models import Claim, Evidence, Operation, OperationEvent, OperationNote
 from ledger.models.operations import Conflict
-from ledger.selectors.base import capped_count, fetch_one, visible
+from ledger.selectors.base import fetch_one, visible
 from ledger.selectors.pagination import Page, check_per_page, keyset_page
 from ledger.states import RetryPolicy, State
 
@@ -41,6 +41,18 @@ def access_operation(user, operation_id: str) -> Operation:
 
 def _latest_evidence():
     return Evidence.objects.filter(operation=OuterRef("pk")).order_by("-created_at", "-id")
+
+
+def with_claims(qs: QuerySet[Operation], *, now: datetime) -> QuerySet[Operation]:
+    """Annotate `claimed_by_name`, `claimed_by_user` (the user's id) and `claim_expires_at`:
+    the live claim ("Ada is looking at this", `ledger.claims`) on each operation, or None;
+    in the same query."""
+    live = Claim.objects.filter(operation=OuterRef("pk"), expires_at__gt=now)
+    return qs.annotate(
+        claimed_by_name=Subquery(live.values("claimed_by_name")[:1]),
+        claimed_by_user=Subquery(live.values("claimed_by_id")[:1]),
+        claim_expires_at=Subquery(live.values("expires_at")[:1]),
+    )
 
 
 def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
@@ -76,6 +88,10 @@ class QueueFilters:
 class QueuePage(Page):
     counts: dict[str, int] = field(default_factory=dict)
     conflicts_capped: bool = False
+    # Everything waiting on a person ("All waiting"): the queue states plus conflicting
+    # operations in other states; `total_capped` when the conflicting part was capped.
+    total: int = 0
+    total_capped: bool = False
 
 
 QUEUE_STATES: tuple[str, ...] = states.QUEUE_STATES
@@ -116,27 +132,35 @@ def review_queue(
     filters: QueueFilters | None = None,
     *,
     cursor: str = "",
+    before: str = "",
     per_page: int = 50,
     now: datetime | None = None,
 ) -> QueuePage:
     """One page of the operations waiting on a person, plus counts per queue state.
 
     Ordered by when the operation entered its state (newest first unless
-    `oldest_first`), keyset-paginated: `cursor` is the `next_cursor` of the page before.
+    `oldest_first`), keyset-paginated: `cursor` is the `next_cursor` of the page before,
+    `before` the `previous_cursor` of the page after. `filters.state` may be any state
+    (browsing settled ones too) or "conflicting"; "" is everything waiting on a person.
     Three queries whatever `per_page`: the page, a grouped count over the indexed
-    unresolved states, and a count of conflicting operations capped at
-    CONFLICT_COUNT_CAP. Raises InvalidInput for a malformed cursor or page size.
+    unresolved states, and the conflicting operations capped at CONFLICT_COUNT_CAP (which
+    also gives the total of "All waiting"). Raises InvalidInput for a malformed cursor or
+    page size.
     """
     filters = filters or QueueFilters()
     now = now or timezone.now()
     per_page = check_per_page(per_page)
     filtered = _filtered(user, filters, now=now)
-    flagged = with_review_flags(filtered).select_related("run").defer("intent", "error_detail")
+    flagged = with_claims(with_review_flags(filtered), now=now)
+    flagged = flagged.select_related("run").defer("intent", "error_detail")
     qs = _in_queue(flagged, filters.state, searching=bool(filters.search))
     order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
     page = QueuePage(**keyset_page(qs.order_by(*order), "state_changed_at", cursor=cursor,
-                                   per_page=per_page, descending=not filters.oldest_first))
-    page.counts, page.conflicts_capped = _queue_counts(filtered)
+                                   before=before, per_page=per_page,
+                                   descending=not filters.oldest_first))
+    page.counts, page.conflicts_capped, outside = _queue_counts(filtered)
+    page.total = sum(page.counts[state] for state in QUEUE_STATES) + outside
+    page.total_capped = page.conflicts_capped
     return page
 
 
@@ -152,7 +176,9 @@ def queue_selection(user, filters: QueueFilters, *, limit: int,
                 .values_list("operation_id", "version")[:limit])
 
 
-def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
+def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool, int]:
+    """Counts per queue state, the conflicting count (capped) and whether it was capped,
+    and how many of the conflicting are in no queue state (settled duplicates, say)."""
     counts = dict.fromkeys(QUEUE_STATES, 0)
     counts.update(
         filtered.filter(state__in=QUEUE_STATES)
@@ -161,10 +187,13 @@ def _queue_counts(filtered: QuerySet[Operation]) -> tuple[dict[str, int], bool]:
         .annotate(n=Count("id"))
         .values_list("state", "n")
     )
-    counts[CONFLICTING], capped = capped_count(
-        with_review_flags(filtered).filter(_conflicting()), CONFLICT_COUNT_CAP
-    )
-    return counts, capped
+    conflicting = list(filtered.filter(_conflicting()).order_by()
+                       .values_list("state", flat=True)[: CONFLICT_COUNT_CAP + 1])
+    capped = len(conflicting) > CONFLICT_COUNT_CAP
+    conflicting = conflicting[:CONFLICT_COUNT_CAP]
+    counts[CONFLICTING] = len(conflicting)
+    outside = sum(1 for state in conflicting if state not in QUEUE_STATES)
+    return counts, capped, outside
 
 
 # --- one operation -----------------------------------------------------------------------
@@ -179,13 +208,25 @@ class OperationDetail:
     resolutions: list[str]
     # A person may settle the operation's conflict flag (`receipts.acknowledge`).
     can_acknowledge: bool = False
+    # The live claim on it ("Ada is looking at this"), or None; people's notes.
+    claim: Claim | None = None
+    notes: list[OperationNote] = field(default_factory=list)
+    # A person may claim it and write notes (`ledger.claims`).
+    can_claim: bool = False
+
+    @property
+    def timeline(self) -> list[tuple[str, object]]:
+        """Events and notes in the order they happened: ("event" | "note", row)."""
+        rows = [("event", ev) for ev in self.events] + [("note", n) for n in self.notes]
+        return sorted(rows, key=lambda row: (row[1].created_at, row[0] == "note"))
 
 
 DUPLICATES_SHOWN = 50
 
 
-def operation_detail(user, operation_id: str) -> OperationDetail:
+def operation_detail(user, operation_id: str, *, now: datetime | None = None) -> OperationDetail:
     """Everything the detail page shows; errors.NotFound for another tenant's."""
+    now = now or timezone.now()
     op = fetch_one(
         with_review_flags(visible_operations(user)).select_related("run", "step"),
         f"operation {operation_id!r}", operation_id=operation_id,
@@ -197,7 +238,15 @@ def operation_detail(user, operation_id: str) -> OperationDetail:
         duplicates=duplicates_of(op),
         resolutions=resolutions_for(op, user),
         can_acknowledge=can_acknowledge(op, user),
+        claim=Claim.objects.filter(operation=op, expires_at__gt=now).first(),
+        notes=list(op.notes.order_by("created_at", "id")),
+        can_claim=can_claim(op, user),
     )
+
+
+def can_claim(op: Operation, user) -> bool:
+    """Whether `user` may claim `op` and write notes on it (`ledger.claims` checks again)."""
+    return user.has_perm("ledger.resolve_operation") and access.can_see(user, op.tenant)
 
 
 def duplicates_of(op: Operation, *, limit: int = DUPLICATES_SHOWN) -> list[Operation]:

@@ -25,6 +25,8 @@ class Page:
     items: list[Any]
     next_cursor: str = ""
     per_page: int = 50
+    # Where the page before this one ends (`before=` of keyset_page); "" on the first page.
+    previous_cursor: str = ""
 
 
 def make_cursor(at: datetime, pk: int) -> str:
@@ -66,18 +68,38 @@ def after_cursor(qs: QuerySet, column: str, cursor: str, *, descending: bool) ->
 
 
 def keyset_page(
-    qs: QuerySet, column: str, *, cursor: str = "", per_page: int = 50, descending: bool
+    qs: QuerySet, column: str, *, cursor: str = "", per_page: int = 50, descending: bool,
+    before: str = "",
 ) -> dict[str, Any]:
     """One page of `qs` (already ordered on (`column`, id) in the direction `descending`
-    says) after `cursor`, as the fields of a `Page`: one query. Raises InvalidInput for a
-    malformed cursor or page size."""
+    says) after `cursor`, or the page that ends just before `before` (a `previous_cursor`),
+    as the fields of a `Page`: one query. Raises InvalidInput for a malformed cursor or
+    page size."""
     per_page = check_per_page(per_page)
+    if before:
+        # Read backwards from `before`, then show the rows in the page's order.
+        backwards = qs.reverse()
+        rows = list(after_cursor(backwards, column, before, descending=not descending)
+                    [: per_page + 1])
+        items = rows[:per_page][::-1]
+        result: dict[str, Any] = {"items": items, "per_page": per_page}
+        if items:
+            result["next_cursor"] = _cursor_of(items[-1], column)
+            if len(rows) > per_page:
+                result["previous_cursor"] = _cursor_of(items[0], column)
+        return result
     rows = list(after_cursor(qs, column, cursor, descending=descending)[: per_page + 1])
-    result: dict[str, Any] = {"items": rows[:per_page], "per_page": per_page}
+    result = {"items": rows[:per_page], "per_page": per_page}
     if len(rows) > per_page:
-        last = rows[per_page - 1]
-        result["next_cursor"] = make_cursor(getattr(last, column), last.pk)
+        result["next_cursor"] = _cursor_of(rows[per_page - 1], column)
+    if cursor and rows:
+        # Came here from a page before: it ends just before this page's first row.
+        result["previous_cursor"] = _cursor_of(rows[0], column)
     return result
+
+
+def _cursor_of(row, column: str) -> str:
+    return make_cursor(getattr(row, column), row.pk)
 
 
 def iter_keyset(qs: QuerySet, column: str, *, descending: bool, batch: int = 500) -> Iterator:

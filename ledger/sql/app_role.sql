@@ -58,6 +58,7 @@ DECLARE
         'ledger_auditverification', 'INSERT',
         'ledger_approval', 'INSERT',
         'ledger_approvalpolicychange', 'INSERT',
+        'ledger_operationnote', 'INSERT',
         -- written only by ledger_retention_purge / ledger_retention_redact
         'ledger_chainanchor', '',
         'ledger_redaction', '',
@@ -73,6 +74,9 @@ DECLARE
         'ledger_approvalpolicy', 'INSERT, UPDATE',
         'ledger_approvalrequest', 'INSERT, UPDATE (tenant, note, requested_by, '
             'approvals_needed, status, requested_at, decided_at)',
+        -- the desk: a reviewer's claim is taken over in place when expired, and released
+        'ledger_claim', 'INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, '
+            'expires_at), DELETE',
         -- execution state: their triggers allow each row's one-way moves only
         'ledger_fact', 'INSERT, UPDATE (status, superseded_by_id)',
         'ledger_factconflict', 'INSERT, UPDATE (state, resolved_at, resolved_by_id, '

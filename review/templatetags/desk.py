@@ -1,6 +1,7 @@
 """Template helpers of the review desk. Every value they return is escaped."""
 
 import json
+from datetime import UTC, timedelta
 
 from django import template
 from django.urls import reverse
@@ -69,3 +70,18 @@ def role_of(user) -> str:
     if user.has_perm("ledger.view_operation"):
         return "viewer"
     return "no role"
+
+
+@register.simple_tag
+def ago(when):
+    """`<time>` saying how long ago `when` was ("3 min ago", "in 12 min" for a time still
+    ahead), with the absolute UTC time in `datetime` and on hover."""
+    if when is None:
+        return "—"
+    seconds = int((timezone.now() - when).total_seconds())
+    words = stuck_for(timezone.now() - timedelta(seconds=abs(seconds)))
+    text = "just now" if abs(seconds) < 10 else (
+        f"{words} ago" if seconds >= 0 else f"in {words}")
+    utc = when.astimezone(UTC)
+    return format_html('<time datetime="{}" title="{} UTC">{}</time>',
+                       utc.isoformat(), utc.strftime("%Y-%m-%d %H:%M:%S"), text)

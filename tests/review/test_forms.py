@@ -13,6 +13,9 @@ def test_the_decision_field_offers_the_resolutions_in_desk_order():
     assert [value for value, _ in choices] == list(states.RESOLUTIONS)
 
 
-def test_the_queue_filter_offers_the_queue_states_of_the_table():
-    values = [value for value, _ in QUEUE_STATE_CHOICES]
-    assert values == ["", *states.QUEUE_STATES, selectors.CONFLICTING]
+def test_the_queue_filter_offers_the_queue_states_of_the_table_then_every_other_state():
+    *queue, (group, browsing) = QUEUE_STATE_CHOICES
+    assert [value for value, _ in queue] == ["", *states.QUEUE_STATES, selectors.CONFLICTING]
+    assert group == "Every state"
+    assert [value for value, _ in browsing] == [
+        s for s in states.State.values if s not in states.QUEUE_STATES]

@@ -1,0 +1,175 @@
+/* Agent Ledger review desk: keyboard use and focus kept across htmx swaps. No library.
+ *
+ *   j / k      next / previous row of the list (queue, audit log, ...)
+ *   o, Enter   open the selected row
+ *   /          focus the search (or the first filter)
+ *   s / r / a  on an operation: focus "Mark succeeded", "Safe to retry" or "Abandon"
+ *              (Shift+Tab reaches the reason; Enter decides)
+ *   ?          this help; Escape closes it
+ *
+ * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held.
+ */
+(function () {
+  "use strict";
+
+  var selected = -1;  // index among the rows of the current list
+
+  function rows() {
+    return Array.prototype.slice.call(
+      document.querySelectorAll("#results table.grid tbody tr, main table.grid.keyrows tbody tr"));
+  }
+
+  function rowLink(row) {
+    return row && row.querySelector("a[href]");
+  }
+
+  function select(index) {
+    var list = rows();
+    if (!list.length) { return; }
+    index = Math.max(0, Math.min(index, list.length - 1));
+    list.forEach(function (row) {
+      row.classList.remove("kb-selected");
+      row.removeAttribute("aria-current");
+    });
+    var row = list[index];
+    row.classList.add("kb-selected");
+    row.setAttribute("aria-current", "true");
+    selected = index;
+    var link = rowLink(row);
+    (link || row).focus({preventScroll: true});
+    row.scrollIntoView({block: "nearest"});
+  }
+
+  function typing(target) {
+    if (!target || !target.tagName) { return false; }
+    var tag = target.tagName.toLowerCase();
+    return tag === "input" || tag === "textarea" || tag === "select" || target.isContentEditable;
+  }
+
+  function helpDialog() {
+    return document.getElementById("keys-help");
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.altKey || event.metaKey || typing(event.target)) { return; }
+    var dialog = helpDialog();
+    if (dialog && dialog.open) { return; }  // the dialog handles Escape itself
+    var list;
+    switch (event.key) {
+      case "j":
+        event.preventDefault();
+        select(selected + 1);
+        break;
+      case "k":
+        event.preventDefault();
+        select(selected < 0 ? 0 : selected - 1);
+        break;
+      case "o":
+      case "Enter":
+        list = rows();
+        if (selected >= 0 && selected < list.length) {
+          var link = rowLink(list[selected]);
+          if (link && (event.key === "o" || document.activeElement === list[selected])) {
+            event.preventDefault();
+            link.click();
+          }
+        }
+        break;
+      case "/":
+        var search = document.querySelector(
+          "form.filters input[type=search], form.filters input, form.filters select");
+        if (search) {
+          event.preventDefault();
+          search.focus();
+          if (search.select) { search.select(); }
+        }
+        break;
+      case "s":
+      case "r":
+      case "a":
+        var state = {s: "succeeded", r: "safe_to_retry", a: "abandoned"}[event.key];
+        var button = document.querySelector(
+          '#decision button[name="to_state"][value="' + state + '"]');
+        if (button) {
+          event.preventDefault();
+          button.focus();
+        }
+        break;
+      case "?":
+        if (dialog) {
+          event.preventDefault();
+          dialog.showModal();
+        }
+        break;
+    }
+  });
+
+  document.addEventListener("click", function (event) {
+    var opener = event.target.closest && event.target.closest("[data-open-help]");
+    var dialog = helpDialog();
+    if (opener && dialog) { dialog.showModal(); }
+  });
+
+  // htmx replaces the element that had focus: remember what it was and find its
+  // replacement (same id, or the same name and value), else focus the swapped region, so
+  // keyboard and screen reader users never land back at the top of the page.
+  var remembered = null;
+  document.addEventListener("htmx:beforeSwap", function () {
+    var active = document.activeElement;
+    if (!active || active === document.body) { remembered = null; return; }
+    remembered = {
+      id: active.id,
+      name: active.getAttribute("name"),
+      value: active.getAttribute("value"),
+      href: active.getAttribute("href"),
+      row: selected
+    };
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var memo = remembered;
+    remembered = null;
+    if (!memo) { return; }
+    if (document.activeElement && document.activeElement !== document.body &&
+        document.contains(document.activeElement)) { return; }
+    var found = null;
+    if (memo.id) { found = document.getElementById(memo.id); }
+    if (!found && memo.name) {
+      found = Array.prototype.slice.call(document.getElementsByName(memo.name))
+        .filter(function (el) { return el.getAttribute("value") === memo.value; })[0] || null;
+    }
+    if (!found && memo.href) {
+      found = document.querySelector('a[href="' + CSS.escape(memo.href) + '"]');
+    }
+    if (found) {
+      found.focus({preventScroll: true});
+      return;
+    }
+    if (memo.row >= 0 && rows().length) {
+      select(memo.row);
+      return;
+    }
+    // An outerHTML swap detaches the old target: its replacement carries the same id.
+    var target = event.detail && event.detail.target;
+    if (target && !document.contains(target) && target.id) {
+      target = document.getElementById(target.id);
+    }
+    if (target && document.contains(target)) {
+      if (!target.hasAttribute("tabindex")) { target.setAttribute("tabindex", "-1"); }
+      target.focus({preventScroll: true});
+    }
+  });
+  // A note that was recorded leaves its form empty for the next one.
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var form = event.detail && event.detail.elt;
+    if (form && form.id === "add-note" && event.detail.successful) { form.reset(); }
+  });
+
+  // A list swapped in starts with no row selected.
+  document.addEventListener("htmx:afterSwap", function (event) {
+    if (event.detail && event.detail.target && event.detail.target.id === "results") {
+      var memoRow = selected;
+      selected = -1;
+      if (remembered) { remembered.row = memoRow; }
+    }
+  });
+})();
