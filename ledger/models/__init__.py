@@ -6,6 +6,7 @@ from ledger.models.approvals import (
     ApprovalPolicy,
     ApprovalPolicyChange,
     ApprovalRequest,
+    ResolutionProposal,
 )
 from ledger.models.coordination import (
     Lease,
@@ -60,6 +61,7 @@ __all__ = [
     "OperationEvent",
     "PurgeRun",
     "Redaction",
+    "ResolutionProposal",
     "RetentionChange",
     "RetentionPolicy",
     "Run",
