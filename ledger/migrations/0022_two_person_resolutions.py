@@ -3,12 +3,12 @@
 import importlib
 
 import django.db.models.deletion
-import ledger.models.triggers
 import pgtrigger.compiler
 import pgtrigger.migrations
 from django.conf import settings
 from django.db import migrations, models
 
+import ledger.models.triggers
 
 # The sanctioned purge also removes an operation's resolution proposals, which go with it
 # like its approvals: the function of 0021, one more delete.
