@@ -198,7 +198,7 @@ policies = st.dictionaries(
 RESET = ("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence, ledger_chainhead, "
          "ledger_chainanchor, ledger_redaction, ledger_purgerun, ledger_retentionpolicy, "
          "ledger_retentionchange, ledger_auditverification, ledger_approval, "
-         "ledger_approvalrequest")
+         "ledger_approvalrequest, ledger_resolutionproposal")
 
 
 @pytest.mark.django_db(transaction=True)
