@@ -21,6 +21,24 @@ PURGE_WITH_PROPOSALS = _APPROVALS.PURGE_WITH_APPROVALS.replace(
     + _APPROVAL_DELETE,
 )
 
+VIEW_PERMS = ["view_resolutionproposal"]
+
+
+def grant_permissions(apps, schema_editor):
+    """Every role reads proposals (the desk shows them), as it reads approvals."""
+    from django.contrib.auth.management import create_permissions
+
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, apps=apps, verbosity=0)
+        app_config.models_module = None
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    for name in ("viewer", "reviewer", "admin"):
+        group, _ = Group.objects.get_or_create(name=name)
+        group.permissions.add(*Permission.objects.filter(
+            content_type__app_label="ledger", codename__in=VIEW_PERMS))
+
 
 class Migration(migrations.Migration):
 
@@ -69,4 +87,5 @@ class Migration(migrations.Migration):
             trigger=pgtrigger.compiler.Trigger(name='resolution_proposal_append_only', sql=ledger.models.triggers.UnbypassableTriggerSql(func="\n        IF ledger_sanctioned(TG_RELID) THEN\n            RETURN NULL;\n        END IF;\n        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',\n            MESSAGE = format('pgtrigger: Cannot update or delete rows from %s table: expected '\n                             'only INSERT (it is append-only; retention removes and redacts '\n                             'rows through ledger_retention_purge and ledger_retention_redact), '\n                             'found %s', TG_TABLE_NAME, TG_OP);\n        ", hash='153cfa7668c97a27a830fb3ad455280b04f87535', level='STATEMENT', operation='UPDATE OR DELETE', pgid='pgtrigger_resolution_proposal_append_only_fe939', table='ledger_resolutionproposal', when='BEFORE')),
         ),
         migrations.RunSQL(PURGE_WITH_PROPOSALS, _APPROVALS.PURGE_WITH_APPROVALS),
+        migrations.RunPython(grant_permissions, migrations.RunPython.noop),
     ]

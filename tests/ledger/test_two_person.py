@@ -2,12 +2,13 @@
 `never` operation) takes a proposer and a different person completing the same decision."""
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 
 from ledger import approvals, bulk, errors, receipts, transitions
 from ledger.models import Operation, OperationEvent, ResolutionProposal
 from ledger.states import ActorKind, State
-from tests.factories import OperationFactory, UserFactory, drive
+from tests.factories import OperationFactory, UserFactory, drive, ensure_roles
+from tests.support.concurrency import join, run_threads
 
 
 @pytest.fixture
@@ -192,3 +193,35 @@ def test_bulk_records_proposals_reports_them_skipped_and_a_second_bulk_completes
     assert second.decided == [op.operation_id for op in ops]
     assert OperationEvent.objects.filter(operation__in=ops, to_state=State.ABANDONED,
                                          decided_by=bob).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_people_resolving_at_once_make_one_proposal_and_one_decision():
+    """Real threads: the row lock orders them; the first proposes, the second (a different
+    person, the same decision) completes it. Never two decisions, never a lone one."""
+    ensure_roles()
+    admin = UserFactory(username="admin", role="admin")
+    approvals.set_policy("payments.*", user=admin, consequential=True)
+    people = [UserFactory(username=name, role="reviewer") for name in ("ada", "bob")]
+    op = OperationFactory(operation="payments.send")
+    for approver in (admin, *people):  # three approvals: the gate asks two
+        approvals.approve(op, user=approver, reason="ok")
+    drive(op, State.OUTCOME_UNKNOWN)
+    version = op.version
+
+    def resolve(i):
+        mine = Operation.objects.get(pk=op.pk)
+        receipts.resolve(mine, State.ABANDONED, user=people[i], reason=f"by {i}",
+                         expected_version=version)
+        return people[i].username
+
+    threads, results, failures = run_threads(2, resolve)
+    join(threads)
+    connections.close_all()
+    assert failures == [] and sorted(results) == ["ada", "bob"]
+    op.refresh_from_db()
+    assert (op.state, op.version) == (State.ABANDONED, version + 1)
+    [proposal] = ResolutionProposal.objects.filter(operation=op)
+    event = op.events.get(version=op.version)
+    assert event.decided_by_id != proposal.proposed_by_id
+    assert event.evidence["two_person"]["proposed_by"] == proposal.proposed_by_name
