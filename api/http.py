@@ -19,12 +19,14 @@ from pydantic import Field
 
 from api import problems, service
 from api.schemas import (
+    ApprovalRequestIn,
     CommitIn,
     FactIn,
     FactOut,
     FailedIn,
     ObligationIn,
     ObligationOut,
+    OperationApprovalOut,
     OperationDetailOut,
     OperationOut,
     OperationPage,
@@ -197,6 +199,16 @@ def mark_rejected(request, operation_id: str, body: FailedIn):
           summary="submitted -> outcome_unknown: sent, but whether it took effect is unknown")
 def mark_outcome_unknown(request, operation_id: str, body: FailedIn):
     return service.mark(request.auth, operation_id, "outcome_unknown", **body.dict())
+
+
+@api.post("/operations/{operation_id}/approval-request",
+          response={200: OperationApprovalOut, **ERRORS},
+          summary="Ask a person to approve a planned operation before it is sent")
+def request_approval(request, operation_id: str, body: ApprovalRequestIn):
+    """The operation with its approval status. Poll GET operations/{id} until
+    `approval.status` is `approved` (then send: submitted) or `denied` (do not). Asking
+    again puts it back on the desk's list with the new note; 409 if it is not planned."""
+    return service.request_approval(request.auth, operation_id, **body.dict())
 
 
 @api.get("/operations/{operation_id}", response={200: OperationDetailOut, **ERRORS},

@@ -224,10 +224,27 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
                            expected_version=expected_version, fencing_token=fencing_token)
 
     @server.tool(
+        name="ledger_request_approval",
+        description="Ask a person to approve a planned operation before you send it (an "
+        "approval policy asks for it: ledger_mark_submitted's error 'Approval required', "
+        "or you judge the call consequential). Returns the operation with approval.status; "
+        "poll ledger_get_operation until it is 'approved' (then send the operation's "
+        "intent, which a reviewer may have edited) or 'denied' (do NOT send; "
+        "approval.denied_reason says why).",
+    )
+    async def ledger_request_approval(
+        ctx: Context,
+        operation_id: OperationId,
+        note: Annotated[str, Field(default="", max_length=2000,
+                                   description="What the reviewer should know.")] = "",
+    ) -> dict[str, Any]:
+        return await _call(ctx, service.request_approval, operation_id, note=note)
+
+    @server.tool(
         name="ledger_get_operation",
-        description="Read an operation's receipt with its events and evidence: its state, "
-        "version, who changed it and why. Use it before acting again on an operation, and "
-        "after a refusal. Error 'Not found': no such operation in your tenants.",
+        description="Read an operation's receipt with its events, evidence and approval "
+        "status: its state, version, who changed it and why. Use it before acting again on "
+        "an operation, and after a refusal. Error 'Not found': no such operation in your tenants.",
     )
     async def ledger_get_operation(ctx: Context, operation_id: OperationId) -> dict[str, Any]:
         return await _call(ctx, service.get_operation, operation_id)

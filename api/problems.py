@@ -27,6 +27,7 @@ KINDS: list[tuple[type[Exception], int, str, str]] = [
     (errors.DependencyNotMet, 409, "dependency-not-met", "Dependency not met"),
     (errors.ApprovalRequired, 409, "approval-required", "Approval required"),
     (errors.ApprovalDenied, 409, "approval-denied", "Approval denied"),
+    (errors.SecondPersonRequired, 409, "second-person-required", "Second person required"),
     (errors.LedgerError, 409, "refused", "Refused by the ledger"),
 ]
 

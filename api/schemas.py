@@ -124,9 +124,33 @@ class OperationOut(Schema):
     completed_at: str | None
 
 
+class ApprovalOut(Schema):
+    status: Literal["not_required", "awaiting", "approved", "denied"] = Field(
+        description="approved: send (the operation's intent is the approved one); denied: "
+        "do not send (denied_reason says why); awaiting: poll again.")
+    needed: int = Field(description="People who must approve (0: nothing asks).")
+    live: int = Field(description="Live approvals of the current fingerprint.")
+    policies: str = Field(description="The approval policies asking, if any.")
+    denied_reason: str | None
+    intent_fingerprint: str
+    requested: bool
+    note: str
+    requested_at: str | None
+
+
+class ApprovalRequestIn(Schema):
+    note: str = Field(default="", description="What the reviewer should know (context, "
+                      "why it is needed); secrets are masked.")
+
+
+class OperationApprovalOut(OperationOut):
+    approval: ApprovalOut
+
+
 class OperationDetailOut(OperationOut):
     events: list[EventOut]
     evidence: list[EvidenceOut]
+    approval: ApprovalOut
 
 
 class OperationPage(Schema):

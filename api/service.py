@@ -14,11 +14,21 @@ import inspect
 from datetime import datetime, timedelta
 from typing import Any
 
-from ledger import access, facts, obligations, receipts, rows, runs
+from ledger import access, approvals, facts, obligations, receipts, rows, runs
 from ledger.errors import InvalidInput, NotFound, PermissionDenied
 from ledger.inputs import check_identifier, check_optional_identifier
-from ledger.models import AgentKey, Evidence, Fact, Obligation, Operation, OperationEvent, Run
+from ledger.models import (
+    AgentKey,
+    ApprovalRequest,
+    Evidence,
+    Fact,
+    Obligation,
+    Operation,
+    OperationEvent,
+    Run,
+)
 from ledger.prepared import prepared_cursor
+from ledger.selectors.approvals import gate
 from ledger.states import RetryPolicy
 
 # Whether this ledger has the in-flight window (`mark_submitted(in_flight_for=...)`).
@@ -191,9 +201,11 @@ def mark(
 
 
 def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
-    """The receipt with its events (oldest first) and evidence. Three queries."""
+    """The receipt with its events (oldest first), evidence and approval status (the gate,
+    the request). Five queries."""
     op = access_operation(key, operation_id)
     data = operation_dict(op)
+    data["approval"] = approval_dict(op)
     data["events"] = [
         event_dict(e) for e in OperationEvent.objects.filter(operation=op).order_by("version")
     ]
@@ -202,6 +214,42 @@ def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
         for e in Evidence.objects.filter(operation=op).order_by("created_at", "id")
     ]
     return data
+
+
+def request_approval(key: AgentKey, operation_id: str, *, note: str = "") -> dict[str, Any]:
+    """Put the planned operation on the desk's "Awaiting approval" list with the agent's
+    note (`ledger.approvals.request`, the key's name as who asked); the operation with its
+    approval status. Then poll GET operations/{id} until `approval.status` is `approved`
+    (send) or `denied` (do not; `approval.denied_reason` says why)."""
+    op = access_operation(key, operation_id)
+    op = approvals.request(op, note=note, actor=key.name)
+    data = operation_dict(op)
+    data["approval"] = approval_dict(op)
+    return data
+
+
+def approval_dict(op: Operation) -> dict[str, Any]:
+    """Where the operation stands with approvals (two queries): `status` one of
+    not_required, awaiting, approved, denied; `needed` people, `live` approvals of its
+    current fingerprint, the policies asking, a denial's reason, the agent's request."""
+    current = gate(op)
+    asked = ApprovalRequest.objects.filter(operation_id=op.pk).first()
+    if current.denial is not None:
+        status = "denied"
+    elif current.needed == 0:
+        status = "not_required"
+    elif current.state != "planned" or current.is_open:
+        status = "approved"
+    else:
+        status = "awaiting"
+    return {
+        "status": status, "needed": current.needed, "live": current.have,
+        "policies": current.patterns, "denied_reason": current.denial,
+        "intent_fingerprint": current.intent_fingerprint,
+        "requested": asked is not None,
+        "note": asked.note if asked is not None else "",
+        "requested_at": _iso(asked.requested_at) if asked is not None else None,
+    }
 
 
 def list_operations(

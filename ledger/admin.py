@@ -39,6 +39,7 @@ from ledger.models import (
     OperationEvent,
     PurgeRun,
     Redaction,
+    ResolutionProposal,
     RetentionChange,
     RetentionPolicy,
     Run,
@@ -547,4 +548,11 @@ class ApprovalAdmin(ReadOnlyAdmin):
     list_display = ["operation", "decision", "decided_by_name", "intent_fingerprint",
                     "version", "expires_at", "created_at"]
     list_select_related = ["operation", "decided_by"]
+    identity_fields = ("operation",)
+
+
+@admin.register(ResolutionProposal)
+class ResolutionProposalAdmin(ReadOnlyAdmin):
+    list_display = ["operation", "to_state", "proposed_by_name", "version", "created_at"]
+    list_select_related = ["operation", "proposed_by"]
     identity_fields = ("operation",)

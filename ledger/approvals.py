@@ -57,10 +57,11 @@ from ledger.models import (
     ApprovalPolicyChange,
     ApprovalRequest,
     Operation,
+    ResolutionProposal,
 )
 from ledger.models.approval_gate import GATE_HINT, pattern_matches_sql
 from ledger.selectors.approvals import Gate, gate
-from ledger.states import State
+from ledger.states import NEEDS_REVIEW, RetryPolicy, State
 
 # How long an approval lasts when no policy says (an agent asked on its own).
 DEFAULT_TTL = timedelta(hours=24)
@@ -127,6 +128,24 @@ def policies_for(tenant: str, operation: str):
     return ApprovalPolicy.objects.filter(tenant=tenant, requires_approval=True).alias(
         matches=RawSQL(matches, [operation], output_field=BooleanField())
     ).filter(matches=True)
+
+
+def takes_two_people(op: Operation, to_state: str) -> bool:
+    """Whether a person's move of `op` to `to_state` (`receipts.resolve`) takes two people:
+    safe_to_retry on a `never` operation, or a consequential policy matching it (the same
+    rule as PostgreSQL's, `ledger.models.approval_gate.TWO_PERSON_TRIGGER`)."""
+    if to_state == State.SAFE_TO_RETRY and op.retry_policy == RetryPolicy.NEVER:
+        return True
+    return policies_for(op.tenant, op.operation).filter(consequential=True).exists()
+
+
+def pending_proposal(op: Operation) -> ResolutionProposal | None:
+    """The proposal waiting for a second person on `op`: the latest one of its current
+    version (one of an older version is stale), or None."""
+    if op.state not in NEEDS_REVIEW:
+        return None
+    return (ResolutionProposal.objects.filter(operation_id=op.pk, version=op.version)
+            .order_by("-created_at", "-id").first())
 
 
 # --- what an operation needs ------------------------------------------------------------------

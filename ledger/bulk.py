@@ -3,6 +3,9 @@
 Each operation goes through `receipts.resolve` on its own, with the version the reviewer
 saw and its own event: one that changed meanwhile, that this person may not decide, or
 that no longer waits on anyone is skipped and reported with why, never decided twice.
+An operation that takes two people (`receipts.resolve`'s two-person rule) is skipped too,
+"consequential: needs a second person": the first reviewer's bulk decision records a
+proposal on each, a different reviewer's same bulk decision completes them.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ def resolve_many(
             continue
         try:
             receipts.resolve(op, to_state, user=user, reason=reason, expected_version=version)
+        except errors.SecondPersonRequired as exc:
+            result.skipped.append((operation_id, f"consequential: needs a second person "
+                                                 f"({exc})"))
         except errors.StaleVersion as exc:
             result.skipped.append((operation_id, f"changed meanwhile: {exc}"))
         except errors.PermissionDenied as exc:
@@ -71,5 +77,10 @@ def resolve_many(
         except (errors.IllegalTransition, errors.InvalidInput) as exc:
             result.skipped.append((operation_id, f"not decided: {exc}"))
         else:
-            result.decided.append(operation_id)
+            if op.version == version:  # the first of two people: a proposal, recorded
+                result.skipped.append((operation_id, f"consequential: needs a second person "
+                                                     f"(proposed: {to_state} by "
+                                                     f"{user.get_username()})"))
+            else:
+                result.decided.append(operation_id)
     return result

@@ -138,8 +138,8 @@ class ApprovalDenied(LedgerError):
 
 
 class SecondPersonRequired(LedgerError):
-    """This person already approved this intent: the next approval must be someone else's
-    (two-person rule)."""
+    """This person already approved this intent, or proposed this resolution: the next
+    step must be someone else's (two-person rule)."""
 
 
 class ClaimHeld(LedgerError):

@@ -27,6 +27,7 @@ from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidInput,
+    SecondPersonRequired,
 )
 from ledger.inputs import (
     check_choice,
@@ -43,7 +44,7 @@ from ledger.inputs import (
     describe_exception,
     storable_text,
 )
-from ledger.models import Operation, Run, Step
+from ledger.models import Operation, ResolutionProposal, Run, Step
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import RetryPolicy, State
@@ -436,6 +437,17 @@ def resolve(
     safe_to_retry on a `never` operation also needs `ledger.override_retry_policy`.
     `expected_version` (default: `op.version`) is the version the person decided on: if
     someone else resolved first, StaleVersion says who and when, and nothing is written.
+
+    Two-person rule: when a consequential approval policy matches the operation, or for
+    safe_to_retry on a `never` operation (`approvals.takes_two_people`), the first person's
+    resolve records a proposal (`ResolutionProposal`, see `approvals.pending_proposal`) and
+    returns the operation unchanged (same state, same version). A different person's resolve
+    with the same decision at the same version completes it: the event names them
+    (`decided_by`) and the proposer (its evidence, `two_person`). The proposer resolving
+    the same again: SecondPersonRequired. A different decision records a new proposal that
+    replaces the pending one (who disagrees proposes; nobody decides alone). A proposal of
+    a version that has since changed is stale: it no longer counts. PostgreSQL refuses such
+    a decision without a matching proposal by someone else.
     """
     check_choice(to_state, "to_state", states.RESOLUTIONS)
     reason = check_reason(reason)
@@ -462,10 +474,46 @@ def resolve(
         changes["external_id"] = external_id
     if op.conflict == Conflict.AMBIGUOUS:
         changes["conflict"] = ""  # a person has decided between the matches
-    return transitions.by_person(
-        op, to_state, user=user, reason=reason, expected_version=expected_version,
-        changes=changes,
-    )
+    if not approvals.takes_two_people(op, to_state):
+        return transitions.by_person(
+            op, to_state, user=user, reason=reason, expected_version=expected_version,
+            changes=changes,
+        )
+    return _resolve_by_two(op, to_state, user=user, reason=reason, changes=changes,
+                           version=op.version if expected_version is None else expected_version)
+
+
+def _resolve_by_two(op: Operation, to_state: str, *, user, reason: str,
+                    changes: dict[str, Any], version: int) -> Operation:
+    """The two-person rule of `resolve`: propose, or complete another person's proposal."""
+    with transaction.atomic(durable=True):
+        current = Operation.objects.select_for_update().filter(pk=op.pk).first()
+        if current is None or current.version != version:
+            raise transitions.stale_version_error(op, op.state, version)
+        pending = approvals.pending_proposal(current)
+        if pending is not None and pending.to_state == to_state:
+            if pending.proposed_by_id == user.pk:
+                raise SecondPersonRequired(
+                    f"expected a person other than {user.get_username()} to complete the "
+                    f"proposal {to_state} of operation {op.operation_id} (version {version}), "
+                    f"found {user.get_username()} proposed it at "
+                    f"{pending.created_at:%Y-%m-%d %H:%M:%S} UTC; the decision takes two people"
+                )
+            if pending.external_id and "external_id" not in changes:
+                changes = {**changes, "external_id": pending.external_id}
+            transitions.by_second_person(current, to_state, user=user, reason=reason,
+                                         proposal=pending, expected_version=version,
+                                         changes=changes)
+        else:
+            ResolutionProposal.objects.create(
+                operation=current, tenant=current.tenant, to_state=to_state, version=version,
+                external_id=changes.get("external_id") or "", proposed_by=user,
+                proposed_by_name=user.get_username(), reason=reason,
+                created_at=timezone.now(),
+            )
+    for field in Operation._meta.concrete_fields:
+        setattr(op, field.attname, getattr(current, field.attname))
+    return op
 
 
 def acknowledge(

@@ -13,7 +13,7 @@ _VIEW = [
     "view_operation", "view_operationevent", "view_evidence", "view_run", "view_step",
     "view_lease", "view_fact", "view_factconflict", "view_factdecision", "view_obligation",
     "view_episode", "view_chainhead", "view_auditverification",
-    "view_approval", "view_approvalrequest",
+    "view_approval", "view_approvalrequest", "view_resolutionproposal",
 ]
 _REVIEW = ["resolve_operation", "resolve_factconflict"]
 _ADMIN = [

@@ -155,6 +155,37 @@ def by_person(
                       changes=changes)
 
 
+def by_second_person(
+    op: Operation,
+    to_state: str,
+    *,
+    user,
+    reason: str,
+    proposal,
+    expected_version: int | None = None,
+    changes: Mapping[str, Any] | None = None,
+) -> Operation:
+    """The second person's decision completing `proposal` (a ResolutionProposal of the same
+    move by someone else), inside the caller's transaction (`receipts.resolve`, which holds
+    the row's lock). The event names the deciding user and, in its evidence, the proposer;
+    PostgreSQL refuses such a move without the proposal."""
+    if not states.is_human_only(op.state, to_state) or proposal.to_state != to_state:
+        raise IllegalTransition(
+            f"expected the decision proposed on operation {op.operation_id} "
+            f"({proposal.to_state}) among {states.resolutions_from(op.state)}, found "
+            f"{op.state} -> {to_state}", from_state=op.state, to_state=to_state,
+        )
+    check_user(user, f"decide on operation {op.operation_id}")
+    evidence = {"two_person": {
+        "proposal_id": proposal.pk, "proposed_by": proposal.proposed_by_name,
+        "proposed_by_id": proposal.proposed_by_id, "proposal_reason": proposal.reason,
+        "proposed_at": proposal.created_at.isoformat(), "version": proposal.version,
+    }}
+    return _apply(op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
+                  decided_by=user.pk, reason=reason, expected_version=expected_version,
+                  changes=changes, evidence=evidence)
+
+
 def by_reconciler(
     op: Operation,
     to_state: str,

@@ -113,7 +113,20 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "approval": selectors.approval_panel(request.user, op),
         "approval_form": approval_form or ApprovalDecisionForm(),
         "approval_actions": DECISION_LABELS,
+        # The two-person rule of receipts.resolve: every proposal, and the pending one.
+        "proposals": list(op.proposals.order_by("created_at", "id")),
     }
+    context["proposal"] = next((p for p in reversed(context["proposals"])
+                                if p.version == op.version and op.needs_review), None)
+    completed = {(ev.evidence or {}).get("two_person", {}).get("proposal_id")
+                 for ev in detail.events if isinstance(ev.evidence, dict)}
+    for proposal in context["proposals"]:
+        proposal.status = (
+            "needs a second person" if proposal is context["proposal"]
+            else "completed by a second person" if proposal.pk in completed
+            else "replaced by a later proposal" if proposal.version == op.version
+            else "stale: the operation changed since"
+        )
     return _render(request, "review/operation.html", "decision", context, status=status)
 
 
@@ -127,6 +140,7 @@ def resolve(request, operation_id: str):
     if not form.is_valid():
         return _detail(request, operation_id, form=form, status=422)
     to_state = form.cleaned_data["to_state"]
+    version = form.cleaned_data["version"]
     try:
         receipts.resolve(
             op, to_state, user=request.user, reason=form.cleaned_data["reason"],
@@ -136,12 +150,18 @@ def resolve(request, operation_id: str):
         )
     except errors.StaleVersion as exc:
         messages.warning(request, stale_message(exc))
-    except (errors.IllegalTransition, errors.InvalidInput) as exc:
+    except (errors.IllegalTransition, errors.InvalidInput, errors.SecondPersonRequired) as exc:
         messages.error(request, f"Nothing recorded: {exc}")
     else:
-        messages.success(
-            request, f"Recorded: {ACTION_LABELS[to_state]} on {op.operation_id}."
-        )
+        if op.version == version:  # the first of two people: a proposal
+            messages.info(
+                request, f"Proposed: {ACTION_LABELS[to_state]} on {op.operation_id}; it takes "
+                "a second person: a different reviewer choosing the same decision completes it."
+            )
+        else:
+            messages.success(
+                request, f"Recorded: {ACTION_LABELS[to_state]} on {op.operation_id}."
+            )
     if request.htmx:
         return _detail(request, operation_id)
     return redirect(operation_url(op))

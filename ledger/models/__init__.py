@@ -6,6 +6,7 @@ from ledger.models.approvals import (
     ApprovalPolicy,
     ApprovalPolicyChange,
     ApprovalRequest,
+    ResolutionProposal,
 )
 from ledger.models.coordination import (
     Lease,
@@ -63,6 +64,7 @@ __all__ = [
     "OperationNote",
     "PurgeRun",
     "Redaction",
+    "ResolutionProposal",
     "RetentionChange",
     "RetentionPolicy",
     "Run",

@@ -8,6 +8,7 @@ Operation's own.
 import pgtrigger
 
 from ledger.models.triggers import Trigger
+from ledger.states import HUMAN_ONLY, ActorKind, RetryPolicy, State
 
 
 def gate_sql(*, op_id: str, tenant: str, operation: str, fingerprint: str) -> str:
@@ -44,6 +45,8 @@ def pattern_matches_sql(operation: str, pattern: str = "p.pattern") -> str:
 
 # How ledger.approvals tells the gate's refusal from any other check violation.
 GATE_HINT = "ledger.approvals: approve it first"
+# ... and the two-person rule's refusal of a decision without a proposal.
+TWO_PERSON_HINT = "ledger.receipts: a second person decides"
 
 # On ledger_operation (installed with Operation's other triggers): no planned ->
 # submitted without enough live approvals of the fingerprint being submitted, and no new
@@ -78,6 +81,52 @@ GATE_TRIGGER = Trigger(
                              'approval of it (ledger.approvals.approve(intent=)), found '
                              'fingerprint %s -> %s without one', NEW.operation_id,
                              OLD.intent_fingerprint, NEW.intent_fingerprint);
+    END IF;
+    RETURN NEW;
+    """,
+)
+
+
+def two_person_sql(*, op_id: str, to_state: str) -> str:
+    """Whether moving the operation `op_id` to `to_state` by a person takes two people
+    (SQL, a boolean): a consequential policy of its tenant matches its name, or it is
+    safe_to_retry on an operation whose retry policy is `never`."""
+    return f"""
+    EXISTS (SELECT 1 FROM ledger_operation o
+             WHERE o.id = {op_id}
+               AND (({to_state}) = '{State.SAFE_TO_RETRY}'
+                    AND o.retry_policy = '{RetryPolicy.NEVER}'
+                    OR EXISTS (SELECT 1 FROM ledger_approvalpolicy p
+                                WHERE p.tenant = o.tenant AND p.consequential
+                                  AND p.requires_approval
+                                  AND {pattern_matches_sql("o.operation")})))
+    """
+
+
+_HUMAN_ONLY = ", ".join(f"('{a}', '{b}')" for a, b in sorted(HUMAN_ONLY))
+
+# On ledger_operationevent (installed with OperationEvent's other triggers): a person's
+# decision that takes two people needs a proposal of the same decision, at the version the
+# decision leaves, by a different user (ledger.receipts.resolve records it).
+TWO_PERSON_TRIGGER = Trigger(
+    name="event_two_person_check",
+    operation=pgtrigger.Insert,
+    when=pgtrigger.Before,
+    condition=pgtrigger.Q(new__actor_kind=ActorKind.HUMAN, new__decided_by__isnull=False),
+    func=f"""
+    IF (NEW.from_state, NEW.to_state) IN ({_HUMAN_ONLY})
+       AND {two_person_sql(op_id="NEW.operation_id", to_state="NEW.to_state")
+            .replace("%%", "%")}
+       AND NOT EXISTS (
+           SELECT 1 FROM ledger_resolutionproposal r
+            WHERE r.operation_id = NEW.operation_id AND r.version = NEW.version - 1
+              AND r.to_state = NEW.to_state AND r.proposed_by_id <> NEW.decided_by_id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', HINT = '{TWO_PERSON_HINT}',
+            MESSAGE = format('operation event %s -> %s at version %s: expected two people '
+                             '(a proposal of %s at version %s by someone other than user %s: '
+                             'ledger.receipts.resolve records it), found none',
+                             NEW.from_state, NEW.to_state, NEW.version, NEW.to_state,
+                             NEW.version - 1, NEW.decided_by_id);
     END IF;
     RETURN NEW;
     """,

@@ -166,3 +166,39 @@ class Approval(models.Model):
 
     def __str__(self):
         return f"{self.decision} {self.operation_id} by {self.decided_by_name}"
+
+
+class ResolutionProposal(models.Model):
+    """The first of two people's `receipts.resolve` on an operation that takes two: a
+    consequential policy matches it, or it is safe_to_retry on a `never` operation.
+
+    Append-only. The latest proposal at the operation's current version is the pending one;
+    a different person's resolve with the same decision at that version completes it (its
+    event names both), and PostgreSQL refuses such a decision without one
+    (`ledger.models.approval_gate.TWO_PERSON_TRIGGER`). A proposal of an older version is
+    stale: the operation changed after the proposer looked.
+    """
+
+    operation = models.ForeignKey(
+        "ledger.Operation", on_delete=models.CASCADE, related_name="proposals"
+    )
+    tenant = models.CharField(max_length=100)
+    to_state = models.CharField(max_length=20)
+    version = models.PositiveIntegerField(help_text="The operation's version the person saw.")
+    external_id = models.CharField(max_length=500, blank=True)
+    proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                    related_name="+")
+    proposed_by_name = models.CharField(max_length=150)
+    reason = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["operation", "version", "created_at"],
+                         name="resolution_proposal_op_idx"),
+        ]
+        ordering = ["operation", "created_at", "id"]
+        triggers = [AppendOnly(name="resolution_proposal_append_only")]
+
+    def __str__(self):
+        return f"proposed: {self.to_state} by {self.proposed_by_name}, needs a second person"

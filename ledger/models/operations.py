@@ -4,7 +4,7 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
-from ledger.models.approval_gate import GATE_TRIGGER
+from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
 from ledger.models.triggers import SANCTIONED, Protect, Trigger
 from ledger.states import (
     TERMINAL,
@@ -383,6 +383,7 @@ class OperationEvent(models.Model):
                 when=pgtrigger.Before,
                 func=human_decision_check_sql(),
             ),
+            TWO_PERSON_TRIGGER,
             Trigger(
                 name="event_fenced",
                 operation=pgtrigger.Insert,

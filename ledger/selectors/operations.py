@@ -15,7 +15,14 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from ledger import access, states
-from ledger.models import Claim, Evidence, Operation, OperationEvent, OperationNote
+from ledger.models import (
+    Claim,
+    Evidence,
+    Operation,
+    OperationEvent,
+    OperationNote,
+    ResolutionProposal,
+)
 from ledger.models.operations import Conflict
 from ledger.selectors.base import fetch_one, visible
 from ledger.selectors.pagination import Page, check_per_page, keyset_page
@@ -55,8 +62,17 @@ def with_claims(qs: QuerySet[Operation], *, now: datetime) -> QuerySet[Operation
     )
 
 
+def _pending_proposal():
+    """The latest proposal of an operation's current version (the two-person rule)."""
+    return (ResolutionProposal.objects
+            .filter(operation=OuterRef("pk"), version=OuterRef("version"))
+            .order_by("-created_at", "-id"))
+
+
 def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
-    """Annotate `is_ambiguous`, `is_duplicate` and `latest_verdict` (all in the one query).
+    """Annotate `is_ambiguous`, `is_duplicate`, `latest_verdict` and the pending proposal
+    of the two-person rule, `proposed_to_state` and `proposed_by_name` (all in the one
+    query).
 
     The two flags read `Operation.conflict`, which the reconciler (several matching
     effects, until a person decides) and every move to succeeded (another operation with
@@ -66,6 +82,8 @@ def with_review_flags(qs: QuerySet[Operation]) -> QuerySet[Operation]:
         is_ambiguous=Q(conflict=Conflict.AMBIGUOUS),
         is_duplicate=Q(conflict=Conflict.DUPLICATE),
         latest_verdict=Subquery(_latest_evidence().values("verdict")[:1]),
+        proposed_to_state=Subquery(_pending_proposal().values("to_state")[:1]),
+        proposed_by_name=Subquery(_pending_proposal().values("proposed_by_name")[:1]),
     )
 
 

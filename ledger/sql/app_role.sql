@@ -57,6 +57,7 @@ DECLARE
         'ledger_agentkeychange', 'INSERT',
         'ledger_auditverification', 'INSERT',
         'ledger_approval', 'INSERT',
+        'ledger_resolutionproposal', 'INSERT',
         'ledger_approvalpolicychange', 'INSERT',
         'ledger_operationnote', 'INSERT',
         -- written only by ledger_retention_purge / ledger_retention_redact

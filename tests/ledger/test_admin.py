@@ -19,6 +19,7 @@ from ledger import (
     facts,
     leases,
     obligations,
+    receipts,
     retention,
     runs,
 )
@@ -75,6 +76,9 @@ def populate(tenant: str, root) -> None:
                              intent={"tenant": tenant})
     approvals.request(gated, note=f"paying in {tenant}")
     approvals.approve(gated, user=root, reason=f"checked {tenant}")
+    # A proposal of the two-person rule (safe_to_retry on a `never` operation).
+    never = OperationFactory(tenant=tenant, state=State.MANUAL_REVIEW, retry_policy="never")
+    receipts.resolve(never, State.SAFE_TO_RETRY, user=root, reason=f"proposed in {tenant}")
     complete_days_ago(old, 31)
     complete_days_ago(aging, 15)
 

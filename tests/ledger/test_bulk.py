@@ -79,6 +79,7 @@ def test_each_decided_item_costs_the_same_few_queries(reviewer):
         return len(captured)
 
     queries(1)  # the user's permissions and tenants, cached from here on
-    # The fetch of all items, then per item its decision statement inside its own
-    # transaction (a savepoint and its release in the test's transaction).
-    assert (queries(5), queries(15)) == (1 + 3 * 5, 1 + 3 * 15)
+    # The fetch of all items, then per item whether it takes two people (one look at the
+    # consequential policies) and its decision statement inside its own transaction (a
+    # savepoint and its release in the test's transaction).
+    assert (queries(5), queries(15)) == (1 + 4 * 5, 1 + 4 * 15)

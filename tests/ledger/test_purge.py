@@ -198,7 +198,8 @@ policies = st.dictionaries(
 RESET = ("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence, ledger_chainhead, "
          "ledger_chainanchor, ledger_redaction, ledger_purgerun, ledger_retentionpolicy, "
          "ledger_retentionchange, ledger_auditverification, ledger_approval, "
-         "ledger_approvalrequest, ledger_claim, ledger_operationnote")
+         "ledger_approvalrequest, ledger_claim, ledger_operationnote, "
+         "ledger_resolutionproposal")
 
 
 @pytest.mark.django_db(transaction=True)

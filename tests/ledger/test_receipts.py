@@ -437,6 +437,9 @@ def test_safe_to_retry_on_a_never_operation_needs_the_override(reviewer, admin_u
     with pytest.raises(PermissionDenied, match="override_retry_policy"):
         receipts.resolve(op, State.SAFE_TO_RETRY, user=reviewer, reason="checked")
     receipts.resolve(op, State.SAFE_TO_RETRY, user=admin_user, reason="checked by phone")
+    assert op.state == State.MANUAL_REVIEW  # a proposal: it takes two people
+    second = UserFactory(username="admin2", role="admin")
+    receipts.resolve(op, State.SAFE_TO_RETRY, user=second, reason="checked again")
     assert op.state == State.SAFE_TO_RETRY
 
 

@@ -110,8 +110,8 @@ def test_detail_runs_a_fixed_number_of_queries(client, reviewer, django_assert_n
     add_evidence(op, verdict="ambiguous", to_state=State.MANUAL_REVIEW)
     client.force_login(reviewer)
     # session, user, user perms, group perms, tenant grants, operation, events, evidence,
-    # same fingerprint, approvals, live claim, notes
-    with django_assert_num_queries(12):
+    # same fingerprint, approvals, live claim, notes, proposals (the two-person rule)
+    with django_assert_num_queries(13):
         assert client.get(url(op)).status_code == 200
 
 

@@ -125,6 +125,10 @@ def test_reviewer_cannot_override_a_never_retry_policy_but_an_admin_can(client, 
     client.force_login(admin_user)
     assert decide(client, op, State.SAFE_TO_RETRY).status_code == 302
     op.refresh_from_db()
+    assert op.state == State.MANUAL_REVIEW  # proposed: safe_to_retry on `never` takes two
+    client.force_login(UserFactory(username="admin2", role="admin"))
+    assert decide(client, op, State.SAFE_TO_RETRY).status_code == 302
+    op.refresh_from_db()
     assert op.state == State.SAFE_TO_RETRY
 
 
@@ -163,10 +167,11 @@ def test_csrf_is_required_for_a_decision(reviewer):
 def test_a_decision_runs_a_fixed_number_of_queries(client, reviewer, django_assert_num_queries):
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
     client.force_login(reviewer)
-    # session, user, user perms, group perms, tenant grants, operation; then the durable
-    # block (a savepoint inside the test's transaction) holding one statement: the
-    # compare-and-set, its chain link and its event
-    with django_assert_num_queries(9):
+    # session, user, user perms, group perms, tenant grants, operation, whether it takes
+    # two people (the consequential policies); then the durable block (a savepoint inside
+    # the test's transaction) holding one statement: the compare-and-set, its chain link
+    # and its event
+    with django_assert_num_queries(10):
         decide(client, op, State.ABANDONED)
 
 
