@@ -263,7 +263,8 @@ def test_events_and_evidence_refuse_even_a_statement_that_matches_nothing():
 AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentionchange",
                 "ledger_redaction", "ledger_chainanchor", "ledger_factdecision",
                 "ledger_episode", "ledger_tenantaccesschange", "ledger_agentkeychange",
-                "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal"]
+                "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal",
+                "ledger_operationnote"]
 
 
 def test_the_role_script_covers_every_append_only_table():

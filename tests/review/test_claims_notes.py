@@ -213,8 +213,8 @@ def test_operation_page_with_claim_and_notes_runs_a_fixed_number_of_queries(
         claims.add_note(waiting, user=ada, text=f"note {n}")
     client.force_login(bob)
     # session, user, user perms, group perms, tenant grants, operation, events, evidence,
-    # same fingerprint, approvals, live claim, notes (one query for the five)
-    with django_assert_num_queries(12) as captured:
+    # same fingerprint, approvals, live claim, notes (one query for the five), proposals
+    with django_assert_num_queries(13) as captured:
         client.get(page_of(waiting))
     notes = [q for q in captured.captured_queries if "ledger_operationnote" in q["sql"]]
     assert len(notes) == 1
