@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import uuid
+from urllib.parse import quote
 
 import psycopg
 import pytest
@@ -34,7 +35,9 @@ def manage(*args, user):
     host, port, _ = server()
     env = {k: v for k, v in os.environ.items() if k != "LEDGER_DATABASE_NAME"}
     name = f"ledger_fresh_{uuid.uuid4().hex[:10]}"
-    env["DATABASE_URL"] = f"postgres://{user}@{host}:{port}/{name}"
+    # The embedded server listens on a socket directory: a path, percent-encoded in the URL.
+    netloc_host = quote(host, safe="") if host.startswith("/") else host
+    env["DATABASE_URL"] = f"postgres://{user}@{netloc_host}:{port}/{name}"
     done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     return name, done
