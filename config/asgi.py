@@ -13,15 +13,15 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_application = get_asgi_application()
 
-from asgiref.wsgi import WsgiToAsgi  # noqa: E402
 from django.conf import settings  # noqa: E402 (after django.setup())
-from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from api.mcp import streamable_http_app  # noqa: E402
 
 # What the agent API needs of the desk's middleware: security headers and redirects, and
 # the CSP and frame headers of its docs page. Keys, not sessions, authenticate it, so the
-# session, CSRF, login, messages and htmx middleware have nothing to do there.
+# session, CSRF, login, messages and htmx middleware have nothing to do there, and under
+# ASGI every synchronous middleware hook is a hop to the worker thread and back.
 API_MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
@@ -29,16 +29,8 @@ API_MIDDLEWARE = [
 ]
 
 
-class APIHandler(WSGIHandler):
-    """Django's request handler with API_MIDDLEWARE instead of settings.MIDDLEWARE, run
-    as one synchronous call per request (`WsgiToAsgi` below).
-
-    The API's views are synchronous (the ledger writes in transactions). Under Django's
-    ASGI handler each request crosses to the worker thread and back about eight times
-    (the request signals, every synchronous hook, the view), which cost more than the
-    ledger's own work (bench/ P8); here the whole request, its signals and its database
-    work run in one hop to the same thread.
-    """
+class APIHandler(ASGIHandler):
+    """Django's ASGI handler with API_MIDDLEWARE instead of settings.MIDDLEWARE."""
 
     def load_middleware(self, is_async=False):
         desk = settings.MIDDLEWARE
@@ -64,7 +56,7 @@ def _pool_connections() -> None:
 
 
 _pool_connections()
-api_application = WsgiToAsgi(APIHandler())
+api_application = APIHandler()
 mcp_application = streamable_http_app()
 
 
