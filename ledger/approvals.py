@@ -44,11 +44,11 @@ from ledger.errors import (
 from ledger.inputs import (
     check_aware,
     check_duration,
+    check_identifier,
     check_operation_pattern,
     check_positive_duration,
     check_reason,
     check_string,
-    check_text,
     check_whole_number,
 )
 from ledger.models import (
@@ -89,7 +89,7 @@ def set_policy(
     operation name (`*`, `?`); `requires_approval=False` keeps the row but asks nothing.
     """
     check_operation_pattern(pattern)
-    check_text(tenant, "tenant", 100)
+    check_identifier(tenant, "tenant", 100)
     check_whole_number(approvals_needed, low=1, high=2,
                        expected="approvals_needed of 1 or 2")
     check_positive_duration(ttl, "ttl")

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ledger import access, errors, receipts, states
-from ledger.inputs import check_choice, check_reason, check_text, check_whole_number
+from ledger.inputs import check_choice, check_identifier, check_reason, check_whole_number
 from ledger.selectors.operations import visible_operations
 
 # The most operations one bulk decision takes (the desk says so next to "select all").
@@ -48,7 +48,7 @@ def resolve_many(
         raise errors.InvalidInput(f"expected at most {BULK_CAP} operations in one bulk "
                                   f"decision, found {len(items)}")
     for operation_id, version in items:
-        check_text(operation_id, "operation_id", 40)
+        check_identifier(operation_id, "operation_id", 40)
         check_whole_number(version, low=1, expected=f"a version >= 1 for {operation_id}")
     access.require_perm(user, "ledger.resolve_operation", doing="resolve operations")
     ids = [operation_id for operation_id, _ in items]

@@ -435,10 +435,19 @@ def _purge_policy(run, policy, ordered, now, batch, say, result, between) -> Non
 
 
 def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
-    where, params = _purgeable_sql(policy, ordered, now)
+    # The only way to delete events and evidence (migration 0015): the function checks
+    # again that each is terminal and past the policy's horizon, anchors the chain and
+    # counts what it removed on the run, as the tables' owner.
+    return _sanctioned_batch(run, _purgeable_sql(policy, ordered, now), batch,
+                             "ledger_retention_purge")
+
+
+def _sanctioned_batch(run, rule, batch, function: str) -> list[str]:
+    """Pick and lock one batch by `rule` (where, params), hand it to the SECURITY DEFINER
+    `function` (purge or redact), and return the operation ids it did. Rows locked by
+    others wait for the next run; locked, a settled receipt cannot change before it goes."""
+    where, params = rule
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        # Pick and lock the batch by the rule; rows locked by others wait for the next run.
-        # Locked, a terminal receipt cannot change before it goes.
         cursor.execute(
             f"SELECT o.id FROM ledger_operation o WHERE {where} "
             "ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED",
@@ -447,10 +456,7 @@ def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
         pks = [pk for (pk,) in cursor.fetchall()]
         if not pks:
             return []
-        # The only way to delete events and evidence (migration 0014): the function checks
-        # again that each is terminal and past the policy's horizon, anchors the chain and
-        # counts what it removed on the run, as the tables' owner.
-        cursor.execute("SELECT ledger_retention_purge(%s, %s)", [run.pk, pks])
+        cursor.execute(f"SELECT {function}(%s, %s)", [run.pk, pks])
         ids = sorted(operation_id for (operation_id,) in cursor.fetchall())
     run.refresh_from_db()
     return ids
@@ -469,19 +475,7 @@ def _redact_policy(run, policy, ordered, now, batch, say, result, between) -> No
 
 
 def _redact_batch(run, policy, ordered, now, batch) -> list[str]:
-    where, params = _redactable_sql(policy, ordered, now)
-    with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT o.id FROM ledger_operation o WHERE {where} "
-            "ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED",
-            [*params, batch],
-        )
-        pks = [pk for (pk,) in cursor.fetchall()]
-        if not pks:
-            return []
-        # The only way to change a settled receipt's intent (migration 0014): the function
-        # checks each again, writes REDACTED_PAYLOAD, one Redaction row each, and the counts.
-        cursor.execute("SELECT ledger_retention_redact(%s, %s)", [run.pk, pks])
-        ids = sorted(operation_id for (operation_id,) in cursor.fetchall())
-    run.refresh_from_db()
-    return ids
+    # The only way to change a settled receipt's intent (migration 0015): the function
+    # checks each again, writes REDACTED_PAYLOAD, one Redaction row each, and the counts.
+    return _sanctioned_batch(run, _redactable_sql(policy, ordered, now), batch,
+                             "ledger_retention_redact")
