@@ -120,12 +120,19 @@ class Attempt:
 
 
 def assert_refused(cursor, attempt: Attempt, *, sqlstate: str | None = None) -> None:
-    """The attempt fails, checks deferred to the commit included; nothing of it stays."""
-    with pytest.raises(DatabaseError) as caught, transaction.atomic():
-        for sql in attempt.first:
-            cursor.execute(sql)
-        cursor.execute(attempt.sql, attempt.params)
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # what COMMIT would check
+    """The attempt fails, checks deferred to the commit included; nothing of it stays.
+
+    A DDL attempt takes its table lock before PostgreSQL checks ownership: when a session
+    left over from another test holds a conflicting lock, PostgreSQL may end the wait as a
+    deadlock (40P01) instead; the attempt is then made again, at most three times."""
+    for _ in range(3):
+        with pytest.raises(DatabaseError) as caught, transaction.atomic():
+            for sql in attempt.first:
+                cursor.execute(sql)
+            cursor.execute(attempt.sql, attempt.params)
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # what COMMIT would check
+        if caught.value.__cause__.sqlstate != "40P01":
+            break
     cause = caught.value.__cause__
     if sqlstate:
         assert cause.sqlstate == sqlstate, f"{attempt.sql}: {cause.sqlstate} {cause}"
