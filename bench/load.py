@@ -49,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -329,15 +329,22 @@ class HttpLedger:
                 f"/api/v1/operations/{op.operation_id}/{outcome}",
                 {**body, "expected_version": op.version}))
         except ApiError as exc:
-            # Our first try landed and only its answer was lost: the ledger is where we
-            # asked it to be, one version on.
-            if (exc.retried and exc.problem.get("error") == "StaleVersion"
-                    and exc.problem.get("current_state") == reached
-                    and exc.problem.get("current_version") == op.version + 1):
-                return replace(op, state=reached, version=op.version + 1)
+            # Refused when sent again after a transport failure: if the first try landed
+            # and only its answer was lost, the ledger is where we asked, one version on.
+            if exc.retried and exc.kind.startswith("409"):
+                current = Receipt.from_json(self._get(f"/api/v1/operations/{op.operation_id}"))
+                if (current.state, current.version) == (reached, op.version + 1):
+                    return current
             raise
 
+    def _get(self, path: str) -> dict:
+        return self._request("GET", path, None)
+
     def _post(self, path: str, body: dict, *, ok: tuple[int, ...] = (200,)) -> dict:
+        return self._request("POST", path, body, ok=ok)
+
+    def _request(self, method: str, path: str, body: dict | None, *,
+                 ok: tuple[int, ...] = (200,)) -> dict:
         """The answer's JSON, or ApiError. A transport failure (a connection the server
         closed, a worker recycled) is counted and the request sent once more: each request
         here is safe to repeat."""
@@ -347,7 +354,7 @@ class HttpLedger:
         while True:
             self.errors.requested()
             try:
-                response = self.http.post(path, json=body)
+                response = self.http.request(method, path, json=body)
                 break
             except httpx.TransportError as exc:
                 if retried:

@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -91,6 +94,74 @@ def test_http_agent_counts_a_refused_submission_and_sends_nothing(api_server, ma
     assert service.side_effects() == []
     assert errors.counts == {"409 illegal-transition": 1}  # submitted -> submitted
     assert "expected" in errors.examples[0] and "found" in errors.examples[0]
+
+
+class AnswerCutter:
+    """A loopback TCP proxy in front of the API that, once, lets a request whose first
+    bytes contain `marker` reach the server and then cuts the client's connection as the
+    answer comes back: the request landed, the agent never hears so."""
+
+    def __init__(self, upstream: str, marker: bytes):
+        self.upstream = urlsplit(upstream)
+        self.marker, self.cut = marker, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection((self.upstream.hostname, self.upstream.port))
+            cutting = threading.Event()
+            threading.Thread(target=self._pump, args=(client, server, cutting, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, cutting, False),
+                             daemon=True).start()
+
+    def _pump(self, source, sink, cutting, is_request: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if is_request and self.marker in data and not self.cut.is_set():
+                    self.cut.set()
+                    cutting.set()
+                elif not is_request and cutting.is_set():  # the answer: drop it, hang up
+                    sink.shutdown(socket.SHUT_RDWR)
+                    return
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_agent_whose_answer_is_lost_sends_the_mark_again_and_it_applies_once(
+        api_server, make_key, service):
+    cutter = AnswerCutter(api_server, b"/succeeded")
+    errors = ApiErrors()
+    ledger = HttpLedger(cutter.url, make_key("load-agent"), errors)
+    client = ArticlesClient(service.url)
+    try:
+        op = ledger.record("load-1-0", article(0), client.articles_url)
+        assert ledger.send(op, client, article(0), None) == State.SUCCEEDED
+    finally:
+        ledger.close()
+        cutter.close()
+
+    assert cutter.cut.is_set()
+    assert list(errors.counts) == ["transport, sent again"]  # then refused, then read
+    stored = Operation.objects.get(operation_id=op.operation_id)
+    assert (stored.state, stored.version) == (State.SUCCEEDED, 3)
+    assert list(OperationEvent.objects.filter(operation=stored).order_by("version")
+                .values_list("to_state", flat=True)) == ["planned", "submitted", "succeeded"]
+    assert len(service.side_effects()) == 1
 
 
 @pytest.mark.django_db(transaction=True)
