@@ -6,6 +6,7 @@ app_name = "review"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
+    path("live/", views.queue_live, name="queue_live"),
     path("bulk/", views.bulk_resolve, name="bulk_resolve"),
     path("operations/<str:operation_id>/", views.operation_detail, name="operation"),
     path("operations/<str:operation_id>/resolve/", views.resolve, name="resolve"),
