@@ -200,8 +200,9 @@
   });
 
   document.addEventListener("htmx:afterSettle", function (event) {
-    var elt = event.detail && event.detail.elt;
-    if (!elt || elt.id !== "queue-poll") { return; }
+    // Fired on each settled element; the poller is the element that asked.
+    var config = event.detail && event.detail.requestConfig;
+    if (!config || !config.elt || config.elt.id !== "queue-poll") { return; }
     var fresh = document.getElementById("queue-fresh");
     var show = fresh && fresh.getAttribute("data-changed") === "true" &&
       fresh.querySelector("a[data-show-fresh]");
