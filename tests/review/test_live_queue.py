@@ -120,3 +120,20 @@ def test_live_runs_a_fixed_number_of_queries(client, reviewer, items,
     with django_assert_num_queries(10):
         response = client.get(LIVE, params, headers={"HX-Request": "true"})
     assert response.status_code == 200
+
+
+@pytest.mark.django_db
+def test_show_loads_the_same_page_of_the_same_view(client, reviewer):
+    for _ in range(3):
+        OperationFactory(state=State.OUTCOME_UNKNOWN)
+    client.force_login(reviewer)
+    first = client.get(QUEUE, {"per_page": 2, "order": "oldest"})
+    cursor = first.context["page"].next_cursor
+    second = client.get(QUEUE, {"per_page": 2, "order": "oldest", "cursor": cursor})
+    poller = second.content.decode().split('id="queue-poll"', 1)[1].split(">", 1)[0]
+    assert "cursor=" in poller and "order=oldest" in poller
+    OperationFactory(state=State.MANUAL_REVIEW)
+    live = client.get(LIVE, {**poll_params(second), "per_page": 2, "order": "oldest",
+                             "cursor": cursor}).content.decode()
+    notice = live.split('id="queue-fresh"', 1)[1]
+    assert "1 new item" in notice and "cursor=" in notice and "order=oldest" in notice
