@@ -7,6 +7,8 @@
   `access_*` helpers that fetch one object and check the principal may see it
   (`access_operation`, `access_conflict`, `access_run`, `access_policy`), raising
   errors.NotFound or errors.PermissionDenied themselves.
+- `charts`: the overview's grouped counts (the queue's ages, unknown outcomes per
+  operation); imported as `ledger.selectors.charts`.
 
 Writers (`receipts`, `facts`, `runs`, ...) import reads, never the other way round; the one
 exception is `ledger.retention`, whose rule the preview counts with (its SQL is the
