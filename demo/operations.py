@@ -4,9 +4,11 @@
 commit (reconciled to succeeded), lost requests (proven absent: safe_to_retry, or
 manual_review under retry policy "never"), two operations with the same fingerprint that
 both took effect, two that cannot be told apart during a key-index outage (ambiguous:
-manual_review), a crashed sender swept to outcome_unknown, and some still outcome_unknown
-(reads inside the service's consistency window, and one not looked at yet). Everything
-goes through the ledger API; the service runs in-process on 127.0.0.1 and stops after.
+manual_review), a crashed sender swept to outcome_unknown, another not swept yet (stuck in
+submitted), one awaiting approval, and some still outcome_unknown (reads inside the
+service's consistency window, and one not looked at yet). Everything goes through the
+ledger API, at moments from six days to minutes ago (`demo.clock.backdated`), so the desk
+shows realistic ages; the service runs in-process on 127.0.0.1 and stops after.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ import http.client
 from collections import Counter
 from datetime import timedelta
 
+from django.utils import timezone
+
+from demo.clock import backdated
 from demo.simulated.articles import (
     ArticleRejected,
     ArticlesClient,
     ArticlesService,
     ServiceError,
 )
-from ledger import leases, receipts, reconcile
+from ledger import approvals, leases, receipts, reconcile
 from ledger.models import Operation, Run
 
 WORKER = "demo-reconciler"
@@ -29,56 +34,84 @@ TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ServiceError)
 
 
 def seed_operations(stdout) -> None:
-    """Create the demo operations once; a second call finds them and changes nothing."""
+    """Create the demo operations once; a second call finds them and changes nothing.
+
+    The story is told in chapters from six days ago to a few minutes ago (`backdated`),
+    oldest first, so the queue shows items that have waited minutes, hours and days."""
     if Run.objects.filter(run_id__startswith="demo-").exists():
         stdout.write("Demo operations exist already; left them as they are.")
         return
-    newsroom = Run.objects.create(run_id="demo-newsroom", tenant="default",
-                                  objective="Publish the morning newsroom articles")
-    acme = Run.objects.create(run_id="demo-acme-blog", tenant="acme",
-                              objective="Cross-post the acme product blog")
-    with ArticlesService(slow_seconds=0.6) as service:
+    # The service reads the ledger's clock, so its replies tell the replayed time too.
+    with ArticlesService(slow_seconds=0.6, clock=lambda: timezone.now()) as service:
         agent = _Agent(service)
-        # Plain successes, rejections, timeouts after the commit, lost requests.
-        for step, title in [("lead", "Harbour reopens after storm"),
-                            ("weather", "Weekend weather: sun, then rain"),
-                            ("sports", "Local club wins the cup")]:
-            agent.send(newsroom, step, title)
-        agent.send(acme, "launch", "Acme ships version 2")
-        agent.send(newsroom, "untitled", "")  # 422: rejected, nothing created
-        agent.send(acme, "bad-draft", " ")
-        agent.send(newsroom, "markets", "Markets close higher", fault="drop_response")
-        agent.send(newsroom, "traffic", "Bridge closed for repairs", fault="slow")
-        agent.send(acme, "pricing", "New pricing for teams", fault="drop_response")
-        agent.send(newsroom, "letters", "Letters to the editor", fault="lose_request")
-        agent.send(acme, "changelog", "Changelog for March", fault="lose_request")
-        agent.send(acme, "invoice-mail", "Invoice reminder", fault="lose_request",
-                   retry_policy="never")
-        # Two operations, same content, both took effect (the desk shows them side by side).
-        agent.send(newsroom, "digest", "Weekly digest")
-        agent.send(newsroom, "digest-again", "Weekly digest")
-        reconcile.run_once(worker=WORKER)
+        with backdated(timedelta(days=6, hours=2)):
+            newsroom = Run.objects.create(run_id="demo-newsroom", tenant="default",
+                                          objective="Publish the morning newsroom articles")
+            acme = Run.objects.create(run_id="demo-acme-blog", tenant="acme",
+                                      objective="Cross-post the acme product blog")
+            # Plain successes, rejections, timeouts after the commit (found: succeeded).
+            for step, title in [("lead", "Harbour reopens after storm"),
+                                ("weather", "Weekend weather: sun, then rain"),
+                                ("sports", "Local club wins the cup")]:
+                agent.send(newsroom, step, title)
+            agent.send(acme, "launch", "Acme ships version 2")
+            agent.send(newsroom, "untitled", "")  # 422: rejected, nothing created
+            agent.send(acme, "bad-draft", " ")
+            agent.send(newsroom, "markets", "Markets close higher", fault="drop_response")
+            agent.send(newsroom, "traffic", "Bridge closed for repairs", fault="slow")
+            agent.send(acme, "pricing", "New pricing for teams", fault="drop_response")
+            reconcile.run_once(worker=WORKER)
 
-        # An outage of the service's key index: the reconciler searches by fingerprint.
-        service.key_lookup = False
-        agent.send(newsroom, "obituary", "In memoriam: a town's baker", fault="drop_response")
-        agent.send(acme, "promo-a", "Spring promotion", fault="drop_response")
-        agent.send(acme, "promo-b", "Spring promotion", fault="drop_response")
-        reconcile.run_once(worker=WORKER)
-        service.key_lookup = True
+        with backdated(timedelta(days=5, hours=4)):
+            # Lost requests: proven absent, safe_to_retry (waiting for their agents ever
+            # since), or manual_review under retry policy "never".
+            agent.send(newsroom, "letters", "Letters to the editor", fault="lose_request")
+            agent.send(acme, "changelog", "Changelog for March", fault="lose_request")
+            agent.send(acme, "invoice-mail", "Invoice reminder", fault="lose_request",
+                       retry_policy="never")
+            reconcile.run_once(worker=WORKER)
 
-        # A sender that crashed after marking the call submitted, before sending it.
-        _crashed_sender(newsroom, service)
-        reconcile.sweep_stale_submissions(older_than=timedelta(0))
-        reconcile.run_once(worker=WORKER)
+        with backdated(timedelta(days=3, hours=1)):
+            # Two operations, same content, both took effect (shown side by side).
+            agent.send(newsroom, "digest", "Weekly digest")
+            agent.send(newsroom, "digest-again", "Weekly digest")
+            reconcile.run_once(worker=WORKER)
 
-        # Reads lag behind writes: these stay outcome_unknown, retried with backoff.
-        service.read_lag = 3600
-        agent.send(newsroom, "late-edition", "Late edition", fault="drop_response")
-        agent.send(acme, "webinar", "Webinar next Tuesday", fault="slow")
-        reconcile.run_once(worker=WORKER)
-        # Timed out just now; no reconciler has looked at it yet.
-        agent.send(acme, "newsletter", "April newsletter", fault="drop_response")
+        with backdated(timedelta(days=1, hours=20)):
+            # An outage of the service's key index: the reconciler searches by fingerprint.
+            service.key_lookup = False
+            agent.send(newsroom, "obituary", "In memoriam: a town's baker",
+                       fault="drop_response")
+            agent.send(acme, "promo-a", "Spring promotion", fault="drop_response")
+            agent.send(acme, "promo-b", "Spring promotion", fault="drop_response")
+            reconcile.run_once(worker=WORKER)
+            service.key_lookup = True
+
+        with backdated(timedelta(hours=19)):
+            # A sender that crashed after marking the call submitted, before sending it.
+            _crashed_sender(newsroom, service, "night-desk", "Night desk summary")
+            reconcile.sweep_stale_submissions(older_than=timedelta(0))
+            reconcile.run_once(worker=WORKER)
+
+        with backdated(timedelta(hours=5, minutes=10)):
+            # Reads lag behind writes: these stay outcome_unknown, retried with backoff.
+            service.read_lag = 3600
+            agent.send(newsroom, "late-edition", "Late edition", fault="drop_response")
+            agent.send(acme, "webinar", "Webinar next Tuesday", fault="slow")
+            reconcile.run_once(worker=WORKER)
+
+        with backdated(timedelta(hours=2, minutes=40)):
+            # Another crash after "submitted"; no worker has swept it yet (the desk lists
+            # it under "submitted > 1 h").
+            _crashed_sender(newsroom, service, "evening-briefing", "Evening briefing")
+
+        with backdated(timedelta(hours=1, minutes=25)):
+            # A consequential call the agent may not make before a person approves it.
+            _awaiting_approval(newsroom, service)
+
+        with backdated(timedelta(minutes=4)):
+            # Timed out just now; no reconciler has looked at it yet.
+            agent.send(acme, "newsletter", "April newsletter", fault="drop_response")
         side_effects = len(service.side_effects())
     _report(stdout, side_effects)
 
@@ -117,17 +150,29 @@ class _Agent:
         return op
 
 
-def _crashed_sender(run: Run, service: ArticlesService) -> None:
+def _crashed_sender(run: Run, service: ArticlesService, step: str, title: str) -> None:
     token = leases.acquire(run.lease_resource, f"agent:{run.run_id}", timedelta(seconds=30))
     op = receipts.record_intent(
         "articles.create", service.articles_url,
-        {"title": "Night desk summary", "body": "Never sent: the agent died."},
+        {"title": title, "body": "Never sent: the agent died."},
         tenant=run.tenant, run=run,
-        idempotency_key=receipts.idempotency_key(run.run_id, "night-desk"),
+        idempotency_key=receipts.idempotency_key(run.run_id, step),
         actor=f"agent:{run.run_id}",
     )
     receipts.mark_submitted(op, fencing_token=token)
     leases.release(run.lease_resource, f"agent:{run.run_id}", token)  # ... and it died
+
+
+def _awaiting_approval(run: Run, service: ArticlesService) -> None:
+    op = receipts.record_intent(
+        "articles.delete", service.articles_url,
+        {"slug": "local-club-wins-the-cup", "why": "the club asked us to take it down"},
+        tenant=run.tenant, run=run,
+        idempotency_key=receipts.idempotency_key(run.run_id, "takedown"),
+        actor=f"agent:{run.run_id}",
+    )
+    approvals.request(op, note="Deleting a published article: please confirm.",
+                      actor=f"agent:{run.run_id}")
 
 
 def _report(stdout, side_effects: int) -> None:

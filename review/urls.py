@@ -1,11 +1,20 @@
 from django.urls import path
 
-from review import views, views_approvals, views_desk, views_execution, views_retention
+from review import (
+    views,
+    views_approvals,
+    views_charts,
+    views_desk,
+    views_execution,
+    views_retention,
+)
 
 app_name = "review"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
+    path("live/", views.queue_live, name="queue_live"),
+    path("overview/", views_charts.overview, name="overview"),
     path("bulk/", views.bulk_resolve, name="bulk_resolve"),
     path("operations/<str:operation_id>/", views.operation_detail, name="operation"),
     path("operations/<str:operation_id>/resolve/", views.resolve, name="resolve"),

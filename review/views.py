@@ -9,11 +9,15 @@ every decision goes through `ledger.receipts.resolve`, which checks permissions 
 from __future__ import annotations
 
 import csv
+from datetime import datetime
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from ledger import bulk, errors, receipts, selectors
@@ -47,8 +51,12 @@ def _render(request, template: str, fragment: str, context: dict, *, status: int
 @ledger_errors
 def queue(request):
     form = QueueFilterForm(request.GET)
-    page = selectors.review_queue(request.user, form.filters(), **form.page_args())
-    context = {"form": form, "page": page, "states": State}
+    now = timezone.now()
+    page = selectors.review_queue(request.user, form.filters(), now=now, **form.page_args())
+    context = {"form": form, "page": page, "states": State, "query": request.GET}
+    # The live queue (queue_live below) polls with when this page was read and its counts.
+    context["live"] = {"since": now.isoformat(), "seen": selectors.queue_signature(page),
+                       "seconds": poll_seconds()}
     # The fact-conflict and overdue-obligation tabs (review/views_execution.py).
     context["exec_counts"] = selectors.execution_counts(request.user,
                                                         tenant=form.filters().tenant)
@@ -59,6 +67,48 @@ def queue(request):
                                if request.GET.get(name)]
     context["bulk_actions"] = [(state, ACTION_LABELS[state]) for state in ACTION_LABELS]
     return _render(request, "review/queue.html", "results", context)
+
+
+def poll_seconds() -> float:
+    """How often an open queue asks whether it changed (setting REVIEW_QUEUE_POLL_SECONDS,
+    10 s by default; the browser tests shorten it)."""
+    return getattr(settings, "REVIEW_QUEUE_POLL_SECONDS", 10)
+
+
+LIVE_PARAMS = ("since", "seen")
+
+
+@require_GET
+@view_required
+@ledger_errors
+def queue_live(request):
+    """What an open queue polls: its counts (the same fragment, refreshed in place) and,
+    out of band, a notice when its rows changed since the page was read ("3 new items —
+    show"); the browser loads the rows itself only while the reviewer is not working in
+    them (review/static/desk/desk.js). Read-only, a fixed number of queries."""
+    form = QueueFilterForm(request.GET)
+    since = _aware_or_none(request.GET.get("since", ""))
+    pulse = selectors.queue_pulse(request.user, form.filters(), since=since)
+    query = request.GET.copy()
+    for name in LIVE_PARAMS:
+        query.pop(name, None)
+    changed = pulse.new > 0 or pulse.signature != request.GET.get("seen", "")
+    context = {
+        "form": form, "page": pulse, "query": query, "changed": changed,
+        "show_url": reverse("review:queue") + (f"?{query.urlencode()}" if query else ""),
+        "exec_counts": selectors.execution_counts(request.user, tenant=form.filters().tenant),
+    }
+    return render(request, "review/queue.html#live", context)
+
+
+def _aware_or_none(text: str) -> datetime | None:
+    """An ISO time with its offset, as the queue wrote it; None for anything else (the
+    notice then counts no new items, and still compares the counts)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment if timezone.is_aware(moment) else None
 
 
 @require_POST

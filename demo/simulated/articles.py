@@ -40,6 +40,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -82,7 +83,8 @@ class ArticlesService:
 
     def __init__(self, *, read_lag: float = 0.0, slow_seconds: float = 2.0,
                  fault: str | None = None, dedupe_keys: bool = True, key_lookup: bool = True,
-                 late_seconds: float | None = None):
+                 late_seconds: float | None = None,
+                 clock: Callable[[], datetime] | None = None):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"expected fault one of {FAULTS} or None, found {fault!r}")
         self.read_lag = read_lag
@@ -91,6 +93,9 @@ class ArticlesService:
         self.dedupe_keys = dedupe_keys
         self.key_lookup = key_lookup
         self.late_seconds = late_seconds
+        # Where the service's times come from: the real clock, or the ledger's while the
+        # demo replays its history in the past (demo.clock), so both tell one time.
+        self.clock = clock or (lambda: datetime.now(UTC))
         self._late: list[tuple[dict[str, Any], str]] = []
         self._timers: list[threading.Timer] = []
         self._articles: list[dict[str, Any]] = []
@@ -211,14 +216,14 @@ class ArticlesService:
                 "body": body,
                 "idempotency_key": key,
                 "fingerprint": content_fingerprint(title, body),
-                "committed_at": _iso(datetime.now(UTC)),
+                "committed_at": _iso(self.clock()),
             }
             self._articles.append(article)
             return 201, dict(article)
 
     def _horizon(self) -> datetime:
         """Reads reflect every write committed, and every request started, before this."""
-        now = datetime.now(UTC)
+        now = self.clock()
         horizon = now - timedelta(seconds=self.read_lag)
         with self._lock:
             if self._in_flight:
@@ -226,7 +231,7 @@ class ArticlesService:
         return horizon
 
     def _visible(self) -> tuple[list[dict[str, Any]], datetime]:
-        cutoff = datetime.now(UTC) - timedelta(seconds=self.read_lag)
+        cutoff = self.clock() - timedelta(seconds=self.read_lag)
         horizon = self._horizon()
         with self._lock:
             shown = [dict(a) for a in self._articles
@@ -236,7 +241,7 @@ class ArticlesService:
     def _enter(self) -> int:
         with self._lock:
             ticket = next(self._tickets)
-            self._in_flight[ticket] = datetime.now(UTC)
+            self._in_flight[ticket] = self.clock()
             return ticket
 
     def _leave(self, ticket: int) -> None:

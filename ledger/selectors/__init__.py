@@ -7,6 +7,8 @@
   `access_*` helpers that fetch one object and check the principal may see it
   (`access_operation`, `access_conflict`, `access_run`, `access_policy`), raising
   errors.NotFound or errors.PermissionDenied themselves.
+- `charts`: the overview's grouped counts (the queue's ages, unknown outcomes per
+  operation); imported as `ledger.selectors.charts`.
 
 Writers (`receipts`, `facts`, `runs`, ...) import reads, never the other way round; the one
 exception is `ledger.retention`, whose rule the preview counts with (its SQL is the
@@ -48,12 +50,15 @@ from ledger.selectors.operations import (
     OperationDetail,
     QueueFilters,
     QueuePage,
+    QueuePulse,
     access_operation,
     can_acknowledge,
     can_claim,
     duplicates_of,
     operation_detail,
+    queue_pulse,
     queue_selection,
+    queue_signature,
     resolutions_for,
     review_queue,
     visible_operations,
@@ -89,4 +94,5 @@ __all__ = [
     "visible_overdue", "with_review_flags", "can_claim", "with_claims",
     "AWAITING_COUNT_CAP", "queue_selection", "ApprovalPanel", "approval_panel", "approval_policies",
     "awaiting_count", "awaiting_page", "visible_awaiting",
+    "QueuePulse", "queue_pulse", "queue_signature",
 ]

@@ -103,12 +103,15 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server):
         log_in(page, "admin")
         pages = ["/", "/?state=submitted&age=1h", f"/operations/{op.operation_id}/",
                  "/audit/", "/approvals/", "/approvals/policies/", "/conflicts/",
-                 "/obligations/overdue/", "/retention/"]
+                 "/obligations/overdue/", "/retention/", "/overview/"]
         widths = {}
         for path in pages:
             page.goto(path)
             widths[path] = page.evaluate("document.documentElement.scrollWidth")
         screenshot(page, "phone-retention")
+        page.goto("/overview/")
+        assert page.locator("svg.chart-svg").count() == 2
+        screenshot(page, "phone-overview")
         page.goto("/")
         screenshot(page, "phone-queue")
         assert {path: w for path, w in widths.items() if w > PHONE["width"]} == {}

@@ -8,6 +8,12 @@
  *   ?          this help; Escape closes it
  *
  * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held.
+ *
+ * The live queue: #queue-poll asks every few seconds (not while the tab is hidden) for
+ * the counts, refreshed in place, and a notice when the rows changed. The rows are
+ * loaded at once only while the reviewer is not working in them (nothing ticked, no row
+ * selected, no focus inside the list, no decision form in use); otherwise the notice's
+ * "show" link waits for them. Ticked boxes survive a refresh of the rows.
  */
 (function () {
   "use strict";
@@ -171,5 +177,56 @@
       selected = -1;
       if (remembered) { remembered.row = memoRow; }
     }
+  });
+  // --- the live queue ----------------------------------------------------------------
+
+  function busyInQueue() {
+    var results = document.getElementById("results");
+    if (!results) { return true; }
+    if (selected >= 0 || document.querySelector("dialog[open]")) { return true; }
+    if (document.querySelector("input[form=bulk-form]:checked") ||
+        results.querySelector("input[type=checkbox]:checked, details[open]")) { return true; }
+    var reason = results.querySelector("#bulk-form input[name=reason]");
+    if (reason && reason.value) { return true; }
+    var slot = document.getElementById("bulk-slot");
+    if (slot && slot.children.length) { return true; }
+    var active = document.activeElement;
+    return Boolean(active && active !== document.body && results.contains(active));
+  }
+
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (elt && elt.id === "queue-poll" && document.hidden) { event.preventDefault(); }
+  });
+
+  document.addEventListener("htmx:afterSettle", function (event) {
+    // Fired on each settled element; the poller is the element that asked.
+    var config = event.detail && event.detail.requestConfig;
+    if (!config || !config.elt || config.elt.id !== "queue-poll") { return; }
+    var fresh = document.getElementById("queue-fresh");
+    var show = fresh && fresh.getAttribute("data-changed") === "true" &&
+      fresh.querySelector("a[data-show-fresh]");
+    if (show && !show.hasAttribute("data-applied") && !busyInQueue()) {
+      show.setAttribute("data-applied", "true");
+      show.click();
+    }
+  });
+
+  // Ticked operations stay ticked when the rows are loaded again (same id and version).
+  var ticked = [];
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var target = event.detail && event.detail.target;
+    if (!target || target.id !== "results") { return; }
+    ticked = Array.prototype.slice.call(
+      document.querySelectorAll("input[form=bulk-form][name=items]:checked"))
+      .map(function (box) { return box.value; });
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    if (!ticked.length) { return; }
+    var keep = ticked;
+    ticked = [];
+    document.querySelectorAll("input[form=bulk-form][name=items]").forEach(function (box) {
+      if (keep.indexOf(box.value) >= 0) { box.checked = true; }
+    });
   });
 })();
