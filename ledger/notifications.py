@@ -262,29 +262,34 @@ def _candidates_sql(channel: NotificationChannel) -> str:
                            FROM ledger_operation o
                           WHERE o.tenant = %(tenant)s AND {queue_states} AND {match}""")
         if channel.pattern == "*":
-            parts.append("""SELECT 'queue', 'conflict:' || c.id, NULL, c.created_at
+            parts.append("""SELECT 'queue' AS reason, 'conflict:' || c.id AS item_key,
+                                   NULL::bigint AS op_id, c.created_at AS since
                               FROM ledger_factconflict c
                              WHERE c.tenant = %(tenant)s AND c.state = 'open'""")
     if channel.on_approval:
-        parts.append(f"""SELECT 'approval', o.operation_id, o.id, r.requested_at
+        parts.append(f"""SELECT 'approval' AS reason, o.operation_id AS item_key, o.id AS op_id,
+                                r.requested_at AS since
                            FROM ledger_approvalrequest r
                            JOIN ledger_operation o ON o.id = r.operation_id
                           WHERE r.tenant = %(tenant)s AND r.status = 'pending'
                             AND o.state = '{State.PLANNED}' AND {match}""")
     if channel.stuck_after is not None:
-        parts.append(f"""SELECT 'stuck', o.operation_id, o.id, o.state_changed_at
+        parts.append(f"""SELECT 'stuck' AS reason, o.operation_id AS item_key, o.id AS op_id,
+                                o.state_changed_at AS since
                            FROM ledger_operation o
                           WHERE o.tenant = %(tenant)s
                             AND o.state IN ('{State.MANUAL_REVIEW}', '{State.OUTCOME_UNKNOWN}')
                             AND o.state_changed_at <= %(stuck)s AND {match}""")
-        parts.append(f"""SELECT 'stuck', o.operation_id, o.id, r.requested_at
+        parts.append(f"""SELECT 'stuck' AS reason, o.operation_id AS item_key, o.id AS op_id,
+                                r.requested_at AS since
                            FROM ledger_approvalrequest r
                            JOIN ledger_operation o ON o.id = r.operation_id
                           WHERE r.tenant = %(tenant)s AND r.status = 'pending'
                             AND o.state = '{State.PLANNED}'
                             AND r.requested_at <= %(stuck)s AND {match}""")
         if channel.pattern == "*":
-            parts.append("""SELECT 'stuck', 'conflict:' || c.id, NULL, c.created_at
+            parts.append("""SELECT 'stuck' AS reason, 'conflict:' || c.id AS item_key,
+                                   NULL::bigint AS op_id, c.created_at AS since
                               FROM ledger_factconflict c
                              WHERE c.tenant = %(tenant)s AND c.state = 'open'
                                AND c.created_at <= %(stuck)s""")
@@ -426,7 +431,7 @@ def _send(batch: NotificationBatch) -> tuple[int | None, str]:
     try:
         if channel.kind == Kind.EMAIL:
             subject, text = render_email(batch.payload)
-            EmailMessage(subject, text, to=list(channel.recipients)).send(fail_silently=False)
+            EmailMessage(subject, text, to=list(channel.recipients)).send()
             return None, ""
         return _post(channel, batch)
     except Exception as exc:  # every failure is an attempt to log, never a crash of the loop
