@@ -29,6 +29,7 @@ _ADMIN = [
     "view_approvalpolicychange",
     "view_notificationchannel", "add_notificationchannel", "change_notificationchannel",
     "view_notificationchannelchange", "view_notificationbatch", "view_deliveryattempt",
+    "view_notificationsent",
 ]
 
 # The current permissions of each role: the union of what the migrations granted.

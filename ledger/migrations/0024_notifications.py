@@ -23,7 +23,7 @@ PURGE_WITH_NOTIFICATIONS = _PROPOSALS.PURGE_WITH_PROPOSALS.replace(
 
 ADMIN_PERMS = ["view_notificationchannel", "add_notificationchannel",
                "change_notificationchannel", "view_notificationchannelchange",
-               "view_notificationbatch", "view_deliveryattempt"]
+               "view_notificationbatch", "view_deliveryattempt", "view_notificationsent"]
 
 
 def grant_permissions(apps, schema_editor):
