@@ -38,8 +38,9 @@ class Receiver:
     """A webhook receiver on loopback: records every request, answers the scripted codes
     (then 200)."""
 
-    def __init__(self, codes=()):
+    def __init__(self, codes=(), answer=b"ok"):
         self.codes = list(codes)
+        self.answer = answer
         self.requests: list[tuple[dict, bytes]] = []
         receiver = self
 
@@ -49,9 +50,9 @@ class Receiver:
                 receiver.requests.append((dict(self.headers), body))
                 code = receiver.codes.pop(0) if receiver.codes else 200
                 self.send_response(code)
-                self.send_header("Content-Length", "2")
+                self.send_header("Content-Length", str(len(receiver.answer)))
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(receiver.answer)
 
             def log_message(self, *args):
                 pass
