@@ -287,6 +287,9 @@ DEMO_WEBHOOK_SECRET_NAME = "DEMO"
 if DEBUG and not IS_PRODUCTION:
     LEDGER_WEBHOOK_SECRETS.setdefault(DEMO_WEBHOOK_SECRET_NAME,
                                       "demo-webhook-secret-not-for-production")
+# Where the demo's catcher keeps what it received (demo/notifications.py).
+DEMO_CATCHER_FILE = Path(os.environ.get("LEDGER_DEMO_CATCHER_FILE",
+                                        BASE_DIR / ".local" / "demo-webhook-catcher.jsonl"))
 for _name in ("NOTIFY_ITEMS_PER_MESSAGE", "NOTIFY_MAX_ATTEMPTS", "NOTIFY_BACKOFF_SECONDS",
               "NOTIFY_BACKOFF_CAP_SECONDS", "NOTIFY_TIMEOUT_SECONDS",
               "NOTIFY_QUEUE_GRACE_SECONDS"):
