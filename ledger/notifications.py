@@ -296,6 +296,39 @@ def _candidates_sql(channel: NotificationChannel) -> str:
     return "\nUNION ALL\n".join(parts)
 
 
+class _NothingNew(Exception):
+    pass
+
+
+def _insert_new_items(channel: NotificationChannel, batch: NotificationBatch, candidates: str,
+                      *, now: datetime) -> list[tuple]:
+    """Record the channel's new items in `batch` (ON CONFLICT DO NOTHING: an item recorded
+    by anyone before is not new); returns (reason, item_key, operation pk, since), oldest
+    first."""
+    params = {
+        "channel": channel.pk, "batch": batch.pk, "tenant": channel.tenant,
+        "pattern": channel.pattern, "now": now,
+        "grace": now - timedelta(seconds=conf.NOTIFY_QUEUE_GRACE_SECONDS),
+        "stuck": now - (channel.stuck_after or timedelta(0)), "cap": MAX_ITEMS_PER_PASS,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO ledger_notificationsent
+                    (channel_id, batch_id, reason, item_key, operation_id, waiting_since,
+                     created_at)
+                SELECT %(channel)s, %(batch)s, c.reason, c.item_key, c.op_id, c.since,
+                       %(now)s
+                  FROM ({candidates}) AS c
+                 WHERE NOT EXISTS (SELECT 1 FROM ledger_notificationsent s
+                                    WHERE s.channel_id = %(channel)s
+                                      AND s.reason = c.reason AND s.item_key = c.item_key)
+                 ORDER BY c.since, c.item_key
+                 LIMIT %(cap)s
+                ON CONFLICT (channel_id, reason, item_key) DO NOTHING
+                RETURNING reason, item_key, operation_id, waiting_since""", params)
+        return sorted(cursor.fetchall(), key=lambda r: (r[3], r[1], r[0]))
+
+
 def _collect_channel(channel_id: int, *, now: datetime) -> NotificationBatch | None:
     """One channel's new items as one batch, or None. Locks the channel (SKIP LOCKED: a
     channel another worker is collecting is left to it); the unique constraint on
@@ -308,32 +341,16 @@ def _collect_channel(channel_id: int, *, now: datetime) -> NotificationBatch | N
         candidates = _candidates_sql(channel)
         if not candidates:
             return None
-        batch = NotificationBatch.objects.create(
-            channel=channel, tenant=channel.tenant, next_attempt_at=now, created_at=now)
-        params = {
-            "channel": channel.pk, "batch": batch.pk, "tenant": channel.tenant,
-            "pattern": channel.pattern, "now": now,
-            "grace": now - timedelta(seconds=conf.NOTIFY_QUEUE_GRACE_SECONDS),
-            "stuck": now - (channel.stuck_after or timedelta(0)), "cap": MAX_ITEMS_PER_PASS,
-        }
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""INSERT INTO ledger_notificationsent
-                        (channel_id, batch_id, reason, item_key, operation_id, waiting_since,
-                         created_at)
-                    SELECT %(channel)s, %(batch)s, c.reason, c.item_key, c.op_id, c.since,
-                           %(now)s
-                      FROM ({candidates}) AS c
-                     WHERE NOT EXISTS (SELECT 1 FROM ledger_notificationsent s
-                                        WHERE s.channel_id = %(channel)s
-                                          AND s.reason = c.reason AND s.item_key = c.item_key)
-                     ORDER BY c.since, c.item_key
-                     LIMIT %(cap)s
-                    ON CONFLICT (channel_id, reason, item_key) DO NOTHING
-                    RETURNING reason, item_key, operation_id, waiting_since""", params)
-            rows = sorted(cursor.fetchall(), key=lambda r: (r[3], r[1], r[0]))
-        if not rows:
-            batch.delete()
+        try:
+            # A savepoint: a batch with nothing new is rolled back, never deleted.
+            with transaction.atomic():
+                batch = NotificationBatch.objects.create(
+                    channel=channel, tenant=channel.tenant, next_attempt_at=now,
+                    created_at=now)
+                rows = _insert_new_items(channel, batch, candidates, now=now)
+                if not rows:
+                    raise _NothingNew
+        except _NothingNew:
             return None
         counts: dict[str, int] = {}
         for reason, *_ in rows:

@@ -81,7 +81,7 @@ DECLARE
         -- status follows its attempts; what was told is deleted only with its operation
         'ledger_notificationchannel', 'INSERT, UPDATE (is_active, updated_by_id, updated_at)',
         'ledger_notificationbatch', 'INSERT, UPDATE (counts, item_count, payload, status, '
-            'attempts, next_attempt_at, last_error, delivered_at), DELETE',
+            'attempts, next_attempt_at, last_error, delivered_at)',
         'ledger_notificationsent', 'INSERT',
         -- the desk: a reviewer's claim is taken over in place when expired, and released
         'ledger_claim', 'INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, '
