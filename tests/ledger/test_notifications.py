@@ -400,3 +400,27 @@ def test_postgresql_refuses_changing_the_delivery_log_and_channel_audit(admin_us
                 connection.cursor() as cursor:
             cursor.execute(statement)
     assert DeliveryAttempt.objects.get().is_ok
+
+
+@pytest.mark.django_db
+def test_a_notify_pass_works_under_the_application_role(admin_user, receiver):
+    from ledger.management.commands.app_role import create_app_role
+
+    hook = receiver(codes=[500])
+    webhook(admin_user, hook.url)
+    notifications.create_channel("mail", user=admin_user, kind="email", pattern="*",
+                                 recipients=["oncall@example.com"])
+    unknown_ops(3)
+    create_app_role("ledger_app_notify")
+    t0 = timezone.now() + LATER
+    with connection.cursor() as cursor:
+        cursor.execute("SET ROLE ledger_app_notify")
+        try:
+            assert notifications.run_once(worker="app", now=t0) == (2, 2)
+            assert notifications.run_once(worker="app", now=t0 + timedelta(minutes=1)) == (0, 1)
+            with pytest.raises(DatabaseError), transaction.atomic():
+                cursor.execute("DELETE FROM ledger_notificationsent")
+        finally:
+            cursor.execute("RESET ROLE")
+    assert len(hook.requests) == 2 and len(mail.outbox) == 1
+    assert NotificationBatch.objects.filter(status="delivered").count() == 2
