@@ -424,3 +424,33 @@ def test_a_notify_pass_works_under_the_application_role(admin_user, receiver):
             cursor.execute("RESET ROLE")
     assert len(hook.requests) == 2 and len(mail.outbox) == 1
     assert NotificationBatch.objects.filter(status="delivered").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_notify_loop_delivers_in_its_own_process_and_stops_on_sigterm(receiver):
+    import signal
+
+    from tests.support.processes import spawn, wait_for_line
+
+    admin = UserFactory(username="admin", role="admin")
+    hook = receiver()
+    webhook(admin, hook.url)
+    OperationFactory(operation="payments.charge", state=State.MANUAL_REVIEW)
+    child = spawn(f"""
+        from django.conf import settings
+        from django.core.management import call_command
+        settings.LEDGER_WEBHOOK_SECRETS = {{"PAYMENTS": {SECRET!r}}}
+        call_command("notify", "--interval", "0.2", "--worker-name", "loop-1")
+    """)
+    try:
+        line = wait_for_line(child, "batch ")
+        assert line.endswith("delivered")
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err
+    assert "notify: stopped; 1 batch(es), 1 delivery attempt(s)" in out
+    assert len(hook.requests) == 1 and verify(hook.requests[0])
+    assert DeliveryAttempt.objects.get().worker == "loop-1"
