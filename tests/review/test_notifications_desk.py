@@ -181,3 +181,16 @@ def test_the_channels_page_runs_a_fixed_number_of_queries(client, admin_user,
         notifications.create_channel(f"mail-{n}", user=admin_user, kind="email",
                                      recipients=["a@example.com"])
     count()
+
+
+@pytest.mark.django_db
+def test_htmx_gets_the_fresh_fragment_after_a_change(client, admin_user):
+    channel = notifications.create_channel("mail", user=admin_user, kind="email",
+                                           recipients=["a@example.com"])
+    client.force_login(admin_user)
+    response = client.post(reverse("review:notification_active", args=[channel.pk]),
+                           {"is_active": "0"}, headers={"HX-Request": "true"})
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<section id="channels"') and "<html" not in body
+    assert "Channel mail (email, default) disabled." in body and ">Enable<" in body
