@@ -22,8 +22,12 @@ install: $(STAMP)
 migrate: install
 	$(PY) manage.py migrate --no-input
 
+# The notification loop runs beside the server (its deliveries go to the demo's catcher at
+# /demo/webhook-catcher/) and is stopped when the server stops.
 demo: migrate
-	$(PY) manage.py demo_seed
+	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed
+	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py notify --interval 5 & \
+	notify_pid=$$!; trap 'kill $$notify_pid 2>/dev/null; wait $$notify_pid 2>/dev/null' EXIT; \
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
 
 # Production-style serving: migrations, static files, then gunicorn (config/gunicorn.conf.py)

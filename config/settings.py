@@ -278,3 +278,51 @@ LEDGER_RECONCILER_MODULES = [
     for m in os.environ.get("LEDGER_RECONCILER_MODULES", "demo.simulated.articles").split(",")
     if m.strip()
 ]
+
+# Notifications (ledger/notifications.py, `manage.py notify`). Links in messages point at
+# LEDGER_DESK_URL. A webhook channel names its HMAC secret; the secrets themselves come only
+# from the environment: LEDGER_WEBHOOK_SECRET_<NAME>=... makes secret name <NAME>.
+LEDGER_DESK_URL = os.environ.get("LEDGER_DESK_URL", "http://127.0.0.1:8000")
+_SECRET_PREFIX = "LEDGER_WEBHOOK_SECRET_"
+LEDGER_WEBHOOK_SECRETS = {
+    name.removeprefix(_SECRET_PREFIX): value
+    for name, value in os.environ.items()
+    if name.startswith(_SECRET_PREFIX) and name != _SECRET_PREFIX and value
+}
+# The demo's channel (demo/notifications.py) signs with a fixed, published secret: never in
+# production, where only the environment provides secrets.
+DEMO_WEBHOOK_SECRET_NAME = "DEMO"
+if DEBUG and not IS_PRODUCTION:
+    LEDGER_WEBHOOK_SECRETS.setdefault(DEMO_WEBHOOK_SECRET_NAME,
+                                      "demo-webhook-secret-not-for-production")
+# Where the demo's catcher keeps what it received (demo/notifications.py).
+DEMO_CATCHER_FILE = Path(os.environ.get("LEDGER_DEMO_CATCHER_FILE",
+                                        BASE_DIR / ".local" / "demo-webhook-catcher.jsonl"))
+for _name in ("NOTIFY_ITEMS_PER_MESSAGE", "NOTIFY_MAX_ATTEMPTS", "NOTIFY_BACKOFF_SECONDS",
+              "NOTIFY_BACKOFF_CAP_SECONDS", "NOTIFY_TIMEOUT_SECONDS",
+              "NOTIFY_QUEUE_GRACE_SECONDS"):
+    if os.environ.get(f"LEDGER_{_name}"):
+        globals()[f"LEDGER_{_name}"] = int(os.environ[f"LEDGER_{_name}"])
+
+# E-mail (notification channels of kind e-mail): Django's mailers. In development the
+# messages are printed on the console; set DJANGO_EMAIL_BACKEND and EMAIL_* for a real
+# server (smtp by default in production).
+DEFAULT_FROM_EMAIL = os.environ.get("LEDGER_NOTIFY_FROM_EMAIL", "agent-ledger@localhost")
+MAILERS = {
+    "default": {
+        "BACKEND": os.environ.get(
+            "DJANGO_EMAIL_BACKEND",
+            "django.core.mail.backends.smtp.EmailBackend" if IS_PRODUCTION
+            else "django.core.mail.backends.console.EmailBackend"),
+        "OPTIONS": {
+            key: value for key, value in {
+                "host": os.environ.get("EMAIL_HOST"),
+                "port": int(os.environ["EMAIL_PORT"]) if os.environ.get("EMAIL_PORT") else None,
+                "username": os.environ.get("EMAIL_HOST_USER"),
+                "password": os.environ.get("EMAIL_HOST_PASSWORD"),
+                "use_tls": os.environ.get("EMAIL_USE_TLS") == "1" or None,
+            }.items() if value is not None
+        } if os.environ.get("DJANGO_EMAIL_BACKEND", "").endswith("smtp.EmailBackend")
+        or IS_PRODUCTION else {},
+    },
+}

@@ -9,5 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(("api.urls", "api-v1"), namespace="api-v1")),
     path("accounts/", include("django.contrib.auth.urls")),
+    # The demo's webhook catcher: answers 404 unless the demo secret is configured.
+    path("demo/", include("demo.urls")),
     path("", include("review.urls")),
 ]

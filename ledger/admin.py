@@ -28,12 +28,17 @@ from ledger.models import (
     AuditVerification,
     ChainAnchor,
     ChainHead,
+    DeliveryAttempt,
     Episode,
     Evidence,
     Fact,
     FactConflict,
     FactDecision,
     Lease,
+    NotificationBatch,
+    NotificationChannel,
+    NotificationChannelChange,
+    NotificationSent,
     Obligation,
     Operation,
     OperationEvent,
@@ -556,3 +561,43 @@ class ResolutionProposalAdmin(ReadOnlyAdmin):
     list_display = ["operation", "to_state", "proposed_by_name", "version", "created_at"]
     list_select_related = ["operation", "proposed_by"]
     identity_fields = ("operation",)
+
+
+# Notifications (ledger.notifications): channels are set on the desk's Notifications page
+# (which audits each change); here they and their deliveries are only read.
+@admin.register(NotificationChannel)
+class NotificationChannelAdmin(ReadOnlyAdmin):
+    list_display = ["name", "tenant", "kind", "pattern", "is_active", "updated_at"]
+    list_filter = ["kind", "is_active"]
+    list_select_related = ["updated_by"]
+    identity_fields = ("name",)
+
+
+@admin.register(NotificationChannelChange)
+class NotificationChannelChangeAdmin(ReadOnlyAdmin):
+    list_display = ["channel", "tenant", "changed_by_name", "changed_at"]
+    list_select_related = ["channel", "changed_by"]
+
+
+@admin.register(NotificationBatch)
+class NotificationBatchAdmin(ReadOnlyAdmin):
+    list_display = ["id", "channel", "tenant", "item_count", "status", "attempts",
+                    "created_at", "delivered_at"]
+    list_filter = ["status"]
+    list_select_related = ["channel"]
+
+
+@admin.register(NotificationSent)
+class NotificationSentAdmin(ReadOnlyAdmin):
+    tenant_lookup = "channel__tenant"
+    list_display = ["item_key", "reason", "channel", "batch", "created_at"]
+    list_filter = ["reason"]
+    list_select_related = ["channel", "batch", "batch__channel"]
+
+
+@admin.register(DeliveryAttempt)
+class DeliveryAttemptAdmin(ReadOnlyAdmin):
+    list_display = ["started_at", "channel", "tenant", "batch", "attempt", "is_ok",
+                    "status_code", "duration_ms"]
+    list_filter = ["is_ok"]
+    list_select_related = ["channel", "batch", "batch__channel"]

@@ -10,7 +10,7 @@ class LedgerConfig(AppConfig):
         from django.core import checks
         from django.db.models.signals import post_migrate
 
-        from ledger import conf
+        from ledger import conf, notifications  # noqa: F401 (registers its metrics)
         from ledger.roles import restore_after_flush
 
         checks.register(conf.check_settings)

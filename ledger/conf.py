@@ -19,7 +19,8 @@ from django.core import checks
 @dataclass(frozen=True)
 class Setting:
     default: Any
-    kind: str  # "positive integer" or "list of module names"
+    kind: str  # "positive integer", "list of module names", "http(s) URL", "mapping of
+    #            names to secrets"
     doc: str
 
 
@@ -54,6 +55,39 @@ SETTINGS: dict[str, Setting] = {
         "Modules imported before reconciling, so that their `@reconcile.register` classes "
         "exist; none by default.",
     ),
+    # Notifications (ledger.notifications, `manage.py notify`).
+    "DESK_URL": Setting(
+        "http://127.0.0.1:8000", "http(s) URL",
+        "Where the review desk is served; notifications link to its pages from here.",
+    ),
+    "WEBHOOK_SECRETS": Setting(
+        {}, "mapping of names to secrets",
+        "HMAC secrets of webhook channels by name (a channel stores only the name); "
+        "config/settings.py fills it from environment variables LEDGER_WEBHOOK_SECRET_<NAME>.",
+    ),
+    "NOTIFY_ITEMS_PER_MESSAGE": Setting(
+        20, "positive integer",
+        "Items listed (with their links) in one notification; the rest are counted.",
+    ),
+    "NOTIFY_MAX_ATTEMPTS": Setting(
+        8, "positive integer",
+        "Delivery attempts of one notification before it is given up (status failed).",
+    ),
+    "NOTIFY_BACKOFF_SECONDS": Setting(
+        30, "positive integer",
+        "Wait before the first retry of a failed delivery; doubled after each failure.",
+    ),
+    "NOTIFY_BACKOFF_CAP_SECONDS": Setting(
+        3600, "positive integer", "Longest wait between two delivery attempts.",
+    ),
+    "NOTIFY_TIMEOUT_SECONDS": Setting(
+        10, "positive integer", "How long a webhook delivery may take before it counts as failed.",
+    ),
+    "NOTIFY_QUEUE_GRACE_SECONDS": Setting(
+        60, "positive integer",
+        "How long an outcome_unknown operation is left to the reconciler before it is told "
+        "as an item in the queue (manual_review is told at once).",
+    ),
 }
 
 
@@ -75,10 +109,22 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
     if setting.kind == "positive integer":
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return None
+    elif setting.kind == "http(s) URL":
+        if isinstance(value, str) and value.startswith(("http://", "https://")):
+            return None
+    elif setting.kind == "mapping of names to secrets":
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+        ):
+            return None
     elif isinstance(value, list | tuple) and all(
         isinstance(m, str) and m.strip() for m in value
     ):
         return None
+    if setting.kind == "mapping of names to secrets":  # never print a secret
+        value = "a mapping with an empty name or secret" if isinstance(value, dict) else (
+            type(value).__name__)
+        return f"expected LEDGER_{name} to be a {setting.kind}, found {value}"
     return f"expected LEDGER_{name} to be a {setting.kind}, found {value!r}"
 
 

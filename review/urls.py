@@ -6,6 +6,7 @@ from review import (
     views_charts,
     views_desk,
     views_execution,
+    views_notifications,
     views_retention,
 )
 
@@ -56,4 +57,15 @@ urlpatterns += [
     path("operations/<str:operation_id>/claim/", views_desk.claim, name="claim"),
     path("operations/<str:operation_id>/release/", views_desk.release, name="release"),
     path("operations/<str:operation_id>/notes/", views_desk.add_note, name="add_note"),
+]
+
+# Notification channels and their delivery log (admins): review/views_notifications.py.
+urlpatterns += [
+    path("notifications/", views_notifications.channels, name="notifications"),
+    path("notifications/channels/", views_notifications.add_channel,
+         name="notification_add"),
+    path("notifications/channels/<int:pk>/active/", views_notifications.set_active,
+         name="notification_active"),
+    path("notifications/deliveries/", views_notifications.deliveries,
+         name="notification_deliveries"),
 ]

@@ -127,7 +127,13 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
     assert result["settings"] == {"MAX_INTENT_BYTES": 262144, "MAX_JSON_DEPTH": 64,
                                   "RECONCILE_MAX_FAILURES": 3,
                                   "STALE_SUBMISSION_SECONDS": 600, "IN_FLIGHT_SECONDS": 60,
-                                  "RECONCILER_MODULES": []}
+                                  "RECONCILER_MODULES": [],
+                                  "DESK_URL": "http://127.0.0.1:8000", "WEBHOOK_SECRETS": {},
+                                  "NOTIFY_ITEMS_PER_MESSAGE": 20, "NOTIFY_MAX_ATTEMPTS": 8,
+                                  "NOTIFY_BACKOFF_SECONDS": 30,
+                                  "NOTIFY_BACKOFF_CAP_SECONDS": 3600,
+                                  "NOTIFY_TIMEOUT_SECONDS": 10,
+                                  "NOTIFY_QUEUE_GRACE_SECONDS": 60}
     assert result["has_absolute_url"] is False
     assert result["stylesheet_found"] is True
     assert result["intent_headers"] == {"Authorization": "[redacted]"}

@@ -27,6 +27,13 @@ from ledger.models.execution import (
     Obligation,
     ObligationState,
 )
+from ledger.models.notifications import (
+    DeliveryAttempt,
+    NotificationBatch,
+    NotificationChannel,
+    NotificationChannelChange,
+    NotificationSent,
+)
 from ledger.models.operations import Evidence, Operation, OperationEvent
 from ledger.models.retention import (
     AuditVerification,
@@ -49,6 +56,7 @@ __all__ = [
     "ChainAnchor",
     "ChainHead",
     "Claim",
+    "DeliveryAttempt",
     "ConflictState",
     "Episode",
     "Evidence",
@@ -57,6 +65,10 @@ __all__ = [
     "FactDecision",
     "FactStatus",
     "Lease",
+    "NotificationBatch",
+    "NotificationChannel",
+    "NotificationChannelChange",
+    "NotificationSent",
     "Obligation",
     "ObligationState",
     "Operation",

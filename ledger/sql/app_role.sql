@@ -60,6 +60,8 @@ DECLARE
         'ledger_resolutionproposal', 'INSERT',
         'ledger_approvalpolicychange', 'INSERT',
         'ledger_operationnote', 'INSERT',
+        'ledger_notificationchannelchange', 'INSERT',
+        'ledger_deliveryattempt', 'INSERT',
         -- written only by ledger_retention_purge / ledger_retention_redact
         'ledger_chainanchor', '',
         'ledger_redaction', '',
@@ -75,6 +77,12 @@ DECLARE
         'ledger_approvalpolicy', 'INSERT, UPDATE',
         'ledger_approvalrequest', 'INSERT, UPDATE (tenant, note, requested_by, '
             'approvals_needed, status, requested_at, decided_at)',
+        -- notifications: channels are the desk's (never deleted: disabled); a batch's
+        -- status follows its attempts; what was told is deleted only with its operation
+        'ledger_notificationchannel', 'INSERT, UPDATE (is_active, updated_by_id, updated_at)',
+        'ledger_notificationbatch', 'INSERT, UPDATE (counts, item_count, payload, status, '
+            'attempts, next_attempt_at, last_error, delivered_at)',
+        'ledger_notificationsent', 'INSERT',
         -- the desk: a reviewer's claim is taken over in place when expired, and released
         'ledger_claim', 'INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, '
             'expires_at), DELETE',

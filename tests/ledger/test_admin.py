@@ -18,6 +18,7 @@ from ledger import (
     episodes,
     facts,
     leases,
+    notifications,
     obligations,
     receipts,
     retention,
@@ -79,6 +80,10 @@ def populate(tenant: str, root) -> None:
     # A proposal of the two-person rule (safe_to_retry on a `never` operation).
     never = OperationFactory(tenant=tenant, state=State.MANUAL_REVIEW, retry_policy="never")
     receipts.resolve(never, State.SAFE_TO_RETRY, user=root, reason=f"proposed in {tenant}")
+    # A notification channel told about the manual_review operation above, by e-mail.
+    notifications.create_channel(f"mail-{tenant}", user=root, kind="email", tenant=tenant,
+                                 recipients=[f"oncall@{tenant}.example"])
+    notifications.run_once(worker=f"notify-{tenant}")
     complete_days_ago(old, 31)
     complete_days_ago(aging, 15)
 

@@ -264,7 +264,8 @@ AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentioncha
                 "ledger_redaction", "ledger_chainanchor", "ledger_factdecision",
                 "ledger_episode", "ledger_tenantaccesschange", "ledger_agentkeychange",
                 "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal",
-                "ledger_operationnote"]
+                "ledger_operationnote", "ledger_notificationchannelchange",
+                "ledger_deliveryattempt"]
 
 
 def test_the_role_script_covers_every_append_only_table():

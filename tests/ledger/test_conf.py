@@ -18,6 +18,14 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "STALE_SUBMISSION_SECONDS": 600,
         "IN_FLIGHT_SECONDS": 60,
         "RECONCILER_MODULES": (),
+        "DESK_URL": "http://127.0.0.1:8000",
+        "WEBHOOK_SECRETS": {},
+        "NOTIFY_ITEMS_PER_MESSAGE": 20,
+        "NOTIFY_MAX_ATTEMPTS": 8,
+        "NOTIFY_BACKOFF_SECONDS": 30,
+        "NOTIFY_BACKOFF_CAP_SECONDS": 3600,
+        "NOTIFY_TIMEOUT_SECONDS": 10,
+        "NOTIFY_QUEUE_GRACE_SECONDS": 60,
     }
     assert check_settings() == []
 
@@ -49,6 +57,8 @@ def test_an_unknown_setting_name_says_which_exist():
     ("STALE_SUBMISSION_SECONDS", -1),
     ("RECONCILER_MODULES", "demo.simulated.articles"),
     ("RECONCILER_MODULES", ["demo.simulated.articles", ""]),
+    ("DESK_URL", "desk.example"),
+    ("NOTIFY_MAX_ATTEMPTS", 0),
 ])
 def test_a_malformed_setting_is_refused_by_the_system_check(settings, name, value):
     setattr(settings, f"LEDGER_{name}", value)
@@ -56,3 +66,11 @@ def test_a_malformed_setting_is_refused_by_the_system_check(settings, name, valu
     assert error.id == "ledger.E001"
     kind = conf.SETTINGS[name].kind
     assert error.msg == f"expected LEDGER_{name} to be a {kind}, found {value!r}"
+
+
+def test_a_malformed_webhook_secrets_setting_is_refused_without_printing_a_secret(settings):
+    settings.LEDGER_WEBHOOK_SECRETS = {"PAYMENTS": "whsec-NeverPrintedQ7", "": "x"}
+    [error] = check_settings()
+    assert error.msg == ("expected LEDGER_WEBHOOK_SECRETS to be a mapping of names to "
+                         "secrets, found a mapping with an empty name or secret")
+    assert "NeverPrinted" not in error.msg

@@ -199,7 +199,7 @@ RESET = ("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence, led
          "ledger_chainanchor, ledger_redaction, ledger_purgerun, ledger_retentionpolicy, "
          "ledger_retentionchange, ledger_auditverification, ledger_approval, "
          "ledger_approvalrequest, ledger_claim, ledger_operationnote, "
-         "ledger_resolutionproposal")
+         "ledger_resolutionproposal, ledger_notificationsent")
 
 
 @pytest.mark.django_db(transaction=True)

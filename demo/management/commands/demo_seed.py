@@ -4,6 +4,7 @@ from django.contrib.auth.models import Group, User
 from django.core.management.base import BaseCommand
 
 from demo.execution import seed_execution
+from demo.notifications import seed_notification_channel
 from demo.operations import seed_operations
 from ledger import access, chain
 
@@ -35,6 +36,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  {username:<9} password {password:<20} role {group}")
         seed_operations(self.stdout)
         seed_execution(self.stdout)
+        seed_notification_channel(self.stdout, user=User.objects.get(username="admin"))
         verify_audit_chain(self.stdout)
 
 
