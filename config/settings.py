@@ -126,6 +126,14 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "prepare_threshold", 0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "1") != "0" else None
 )
 
+# Django's `.iterator()` reads through a server-side cursor (a named cursor, WITH HOLD
+# outside a transaction), which a transaction-pooling PgBouncer cannot keep on one server
+# connection: behind one, set LEDGER_SERVER_SIDE_CURSORS=0 and iterators fetch in chunks
+# client-side instead (docs/SCALING.md).
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = (
+    os.environ.get("LEDGER_SERVER_SIDE_CURSORS", "1") == "0"
+)
+
 # A pool of connections per process (psycopg_pool through Django's OPTIONS "pool"), on by
 # default in production: a request or a worker pass borrows a connection and gives it back
 # instead of opening one (3-5 ms and a server process each time). Size it per process:
