@@ -56,7 +56,7 @@ def writer(index: int, jobs, results) -> None:
     run = uuid.uuid4().hex[:8]
     counter = iter(range(10**9))
     with connection.cursor() as cursor:
-        cursor.execute("SHOW commit_delay")
+        cursor.execute("SELECT setting FROM pg_settings WHERE name = 'commit_delay'")
         results.put(("ready", index, cursor.fetchone()[0]))
 
     def intent(i: int) -> dict:
@@ -135,8 +135,9 @@ def main() -> dict:
     for process in writers:
         process.start()
     delays = {results.get(timeout=300)[2] for _ in writers}
-    if delays != {"2ms"}:
-        raise SystemExit(f"expected every writer's session at commit_delay 2ms, found {delays}")
+    if delays != {"2000"}:
+        raise SystemExit(f"expected every writer's session at commit_delay 2000 us, found "
+                         f"{delays}")
 
     totals = dict.fromkeys(MODES, 0)
     lag_max, drains = 0.0, []

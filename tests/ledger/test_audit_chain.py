@@ -9,8 +9,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.db.utils import DatabaseError
+from django.utils import timezone
 
-from ledger import chain, receipts, retention, selectors
+from ledger import chain, receipts, retention, selectors, transitions
+from ledger.canonical import fingerprint
 from ledger.management.commands.app_role import SCRIPT, create_app_role
 from ledger.models import (
     AuditVerification,
@@ -133,9 +135,14 @@ def test_a_writer_of_a_tenant_never_waits_for_another_writers_commit():
 
     def hold_an_uncommitted_write():
         try:
-            with transaction.atomic():
-                receipts.record_intent("articles.create", "t", {"title": "held"},
-                                       idempotency_key="held-open")
+            with transaction.atomic():  # a receipt's first write, left uncommitted
+                now = timezone.now()
+                intent = {"title": "held"}
+                assert transitions.record(Operation(
+                    operation_id=receipts.new_operation_id(now), tenant="default",
+                    operation="articles.create", target="t", intent=intent,
+                    intent_fingerprint=fingerprint(intent), idempotency_key="held-open",
+                    created_at=now, state_changed_at=now))
                 written.set()
                 release.wait(30)
         except Exception as exc:  # pragma: no cover - reported below
