@@ -60,6 +60,18 @@ def test_verify_seals_first_and_reports_what_committed_after_as_the_unsealed_tai
 
 
 @pytest.mark.django_db
+def test_verify_audit_without_sealing_names_the_tail():
+    OperationFactory(state=State.SUCCEEDED)
+    out = StringIO()
+    call_command("verify_audit", no_seal=True, stdout=out)
+    assert "audit trail intact: 0 links" in out.getvalue()
+    assert "3 committed event(s) not sealed yet" in out.getvalue()
+    out = StringIO()
+    call_command("verify_audit", stdout=out)
+    assert "audit trail intact: 3 links" in out.getvalue() and "not sealed" not in out.getvalue()
+
+
+@pytest.mark.django_db
 def test_the_unsealed_tail_shows_in_health_and_metrics_until_sealed():
     OperationFactory(state=State.PLANNED)
     later = timezone.now() + timedelta(minutes=5)
