@@ -27,7 +27,8 @@ migrate: install
 demo: migrate
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py notify --interval 5 & \
-	notify_pid=$$!; trap 'kill $$notify_pid 2>/dev/null; wait $$notify_pid 2>/dev/null' EXIT; \
+	notify_pid=$$!; $(PY) manage.py seal --interval 1 >/dev/null & seal_pid=$$!; \
+	trap 'kill $$notify_pid $$seal_pid 2>/dev/null; wait $$notify_pid $$seal_pid 2>/dev/null' EXIT; \
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
 
 # Production-style serving: migrations, static files, then gunicorn (config/gunicorn.conf.py)

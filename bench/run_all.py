@@ -28,6 +28,7 @@ GOALS = {
     "P4": ("record_intent: replay / first record", 0.5, "<="),
     "P5": ("record_intent p99: during purge / without", 2.0, "<="),
     "P6": ("obligation commit: same / distinct obligations", None, ""),
+    "P7": ("16 writers, 2 ms commits: one tenant / 16 tenants", 0.8, ">="),
     "P8": ("lifecycle: HTTP API (uvicorn) / in process", 2.0, "<="),
 }
 
@@ -37,6 +38,9 @@ ALSO = {
     "P2": lambda r: f"SQL queries constant from the small to the large ledger: "
                     f"{r['queries_constant']}",
     "P3": lambda r: f"as threads of one process: {r['ratio_threads']:.2f}x",
+    "P7": lambda r: f"one tenant / bare ORM {r['one_tenant_vs_bare']:.2f}x (goal >= 0.6)"
+                    + ("  met" if r["one_tenant_vs_bare"] >= 0.6 else "  NOT met")
+                    + f"; sealer lag max {r['sealer_max_lag_s']:.2f} s",
     "P8": lambda r: f"HTTP median {r['http_median_ms']:.1f} ms, in process "
                     f"{r['in_process_median_ms']:.1f} ms",
     "P5": lambda r: f"longest purge batch {r['longest_batch_ms']:.0f} ms (goal <= 100 ms)"

@@ -262,6 +262,8 @@ LEDGER_METRICS_TOKEN = os.environ.get("LEDGER_METRICS_TOKEN", "")
 LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS = int(
     os.environ.get("LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS", 300)
 )
+# /healthz warns when the oldest committed event has waited longer for the sealer.
+LEDGER_HEALTH_SEAL_LAG_SECONDS = float(os.environ.get("LEDGER_HEALTH_SEAL_LAG_SECONDS", 30))
 
 # The ledger's settings (ledger/conf.py lists each with its default); the project sets only
 # these. Each may also come from an environment variable of the same name.

@@ -1,12 +1,24 @@
 """Tamper evidence: per-tenant hash chains over the audit trail.
 
 Each link's hash is `sha256(canonical_json({"body": payload, "prev": <previous hash>,
-"seq": <n>}))`, hex. `link(chain, tenant, payload)` appends one link in the caller's
-transaction: a single upsert on the chain's `ChainHead` row takes the row lock (so
-concurrent writers of one tenant take turns and never fork the chain), advances `seq` and
-computes the hash in PostgreSQL (`hash_sql`) from the head's previous hash, in one round
-trip. The caller stores the returned seq and hash on its own row. An operation's event
-makes the same upsert a CTE of the statement that writes it (`ledger.transitions`).
+"seq": <n>}))`, hex. Two ways to append:
+
+- Operation events, the write path of every agent, are written unsealed (`chain_seq` and
+  `chain_hash` NULL) and linked after their commit by the sealer, `seal()`: it takes a
+  tenant's committed, unsealed events in id order, computes their links from the stored rows
+  (what verification rebuilds) and sets them through the database function
+  `ledger_seal_events`, which moves the head from where the sealer linked from (two sealers
+  never fork a chain) and sets each event's link once; nothing else may (migration 0025).
+  So writers of one tenant never wait for each other's commits; the chain trails them by
+  the sealer's interval (`manage.py seal`, and a thread of `manage.py reconcile`), and
+  `unsealed()` says by how much (the audit page, /healthz and /metrics show it). Until it
+  is sealed an event is protected by the append-only triggers alone, as every row is; from
+  then on by the chain too. An operation with an unsealed event is not purged.
+- Human decisions on facts (`link(chain, tenant, payload)`) link in the writer's
+  transaction: a single upsert on the chain's `ChainHead` row takes the row lock (so
+  concurrent writers of one tenant take turns), advances `seq` and computes the hash in
+  PostgreSQL (`hash_sql`) from the head's previous hash, in one round trip. The caller
+  stores the returned seq and hash on its own row. They come at a person's pace.
 
 A chain is registered in `CHAINS` with the model that carries it and the function that
 rebuilds a row's payload; `verify` walks every registered chain. Operation events are the
@@ -134,6 +146,103 @@ def normalize(value: Any) -> Any:
 
 def timestamp(value: datetime) -> str:
     return value.astimezone(UTC).isoformat()
+
+
+# --- the sealer ------------------------------------------------------------------------------
+
+# Events linked per transaction: a batch is one function call (and one UPDATE of its rows).
+SEAL_BATCH = 1000
+# The advisory lock a sealer takes per tenant (its first key; the second is the tenant's
+# hash): a second sealer skips the tenant rather than wait (its work would be refused).
+_SEAL_LOCK = 0x5E41
+
+
+def seal(*, tenant: str | None = None, limit: int = SEAL_BATCH) -> int:
+    """Link every committed, unsealed operation event into its tenant's chain; the count.
+
+    Per tenant, batches of `limit` events in id order, each in its own transaction (a crash
+    mid-batch leaves that batch unsealed, the earlier ones sealed, the chain intact). A
+    tenant another sealer is working on is skipped. Call outside a transaction to see what
+    other sessions committed meanwhile.
+    """
+    if limit < 1:
+        raise ValueError(f"expected a batch limit of at least 1, found {limit}")
+    sealed = 0
+    for name in [tenant] if tenant is not None else _unsealed_tenants():
+        while True:
+            count = _seal_batch(name, limit)
+            sealed += count
+            if count < limit:
+                break
+    return sealed
+
+
+def _unsealed_tenants() -> list[str]:
+    # A loose index scan of the partial index of unsealed events: one probe per tenant.
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            WITH RECURSIVE t(tenant) AS (
+                SELECT min(tenant) FROM ledger_operationevent WHERE chain_seq IS NULL
+                UNION ALL
+                SELECT (SELECT min(e.tenant) FROM ledger_operationevent e
+                         WHERE e.chain_seq IS NULL AND e.tenant > t.tenant)
+                  FROM t WHERE t.tenant IS NOT NULL)
+            SELECT tenant FROM t WHERE tenant IS NOT NULL
+        """)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _seal_batch(tenant: str, limit: int) -> int:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))",
+                           [_SEAL_LOCK, tenant])
+            if not cursor.fetchone()[0]:
+                return 0
+        head = (ChainHead.objects.filter(chain=OPERATION_EVENTS.name, tenant=tenant)
+                .values_list("seq", "hash").first()) or (0, GENESIS)
+        rows = list(_event_rows().filter(tenant=tenant, chain_seq__isnull=True)
+                    .order_by("id")[:limit])
+        if not rows:
+            return 0
+        seq, prev = head
+        hashes = []
+        for row in rows:
+            seq += 1
+            prev = link_hash(operation_event_payload(row), prev=prev, seq=seq)
+            hashes.append(prev)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT ledger_seal_events(%s, %s, %s, %s, %s)",
+                           [tenant, [row.pk for row in rows], hashes, head[0], head[1]])
+    return len(rows)
+
+
+@dataclass(frozen=True)
+class Unsealed:
+    """The tail of one tenant's chain the sealer has not linked yet."""
+
+    tenant: str
+    events: int
+    oldest_at: datetime
+
+    def age_seconds(self, now: datetime) -> float:
+        return max(0.0, (now - self.oldest_at).total_seconds())
+
+
+def unsealed() -> list[Unsealed]:
+    """Per tenant with committed events not yet sealed: how many, since when."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            SELECT tenant, count(*), min(created_at) FROM ledger_operationevent
+             WHERE chain_seq IS NULL GROUP BY tenant ORDER BY tenant
+        """)
+        return [Unsealed(tenant, count, oldest) for tenant, count, oldest in cursor.fetchall()]
+
+
+def seal_lag_seconds(now: datetime | None = None) -> float:
+    """How long the oldest unsealed event has waited for the sealer (0 when none waits)."""
+    now = now or timezone.now()
+    return max((tail.age_seconds(now) for tail in unsealed()), default=0.0)
 
 
 # --- registered chains ------------------------------------------------------------------
@@ -335,8 +444,14 @@ def verify(
     actor: str,
     progress: Callable[[str], None] | None = None,
     expected_heads: dict[tuple[str, str], Checkpoint] | None = None,
+    seal_first: bool = True,
 ) -> Verification:
     """Walk every chain of every tenant; record and return the first break, if any.
+
+    With `seal_first` (the default) the sealer links what is committed and unsealed
+    first; events still unsealed after that (committed meanwhile, or every one without
+    `seal_first`) are no break: each head reports them as `unsealed` (count) and
+    `unsealed_since`, and their evidence rows are checked against them all the same.
 
     A link is broken when its stored hash differs from the hash rebuilt from its row and
     the previous link (an event or, after a purge, an anchor), when a seq has neither an
@@ -347,6 +462,8 @@ def verify(
     events (see the module's docstring). Never changes a chained row.
     """
     started = timezone.now()
+    if seal_first:
+        seal()
     recorded = _recorded_heads()
     expected = expected_heads or {}
     book = _SealBook()
@@ -378,6 +495,11 @@ def verify(
             found="no chain head", ids={},
             message=f"the chain {checkpoint.source} recorded is gone: its head row is missing",
         ))
+    for tail in _visit_unsealed(book):
+        key = (OPERATION_EVENTS.name, tail.tenant)
+        heads.setdefault(key, {"chain": key[0], "tenant": tail.tenant, "seq": 0, "hash": "",
+                               "links_checked": 0})
+        heads[key].update(unsealed=tail.events, unsealed_since=timestamp(tail.oldest_at))
     order = list(heads)
     for tenant, counts, found in (*_check_evidence(book), *_check_operations()):
         key = (OPERATION_EVENTS.name, tenant)
@@ -496,8 +618,23 @@ def _checkpoint_break(spec, head, anchors, due) -> Break | None:
 
 def _rows_in_order(spec: ChainSpec, tenant: str) -> Iterator[Model]:
     return (
-        spec.rows().filter(tenant=tenant).order_by(spec.seq_field).iterator(chunk_size=2000)
+        spec.rows().filter(tenant=tenant, **{f"{spec.seq_field}__isnull": False})
+        .order_by(spec.seq_field).iterator(chunk_size=2000)
     )
+
+
+def _visit_unsealed(book: _SealBook) -> list[Unsealed]:
+    """Show `book` the events not yet sealed (their seals vouch for evidence rows too);
+    per tenant, how many and since when."""
+    tails: dict[str, Unsealed] = {}
+    rows = _event_rows().filter(chain_seq__isnull=True).order_by("tenant", "id")
+    for event in rows.iterator(chunk_size=2000):
+        book.visit(event)
+        tail = tails.get(event.tenant)
+        tails[event.tenant] = Unsealed(
+            event.tenant, (tail.events if tail else 0) + 1,
+            min(tail.oldest_at, event.created_at) if tail else event.created_at)
+    return list(tails.values())
 
 
 # --- the heads earlier looks saw -----------------------------------------------------------
@@ -596,7 +733,7 @@ class _SealBook:
             if isinstance(event.evidence_seal, dict) and "id" in event.evidence_seal:
                 self.seals[event.evidence_seal["id"]] = _Sealed(
                     event.pk, event.operation_id, event.operation_ref, event.tenant,
-                    event.chain_seq, event.evidence_seal)
+                    event.chain_seq or 0, event.evidence_seal)
         elif (event.actor_kind == ActorKind.RECONCILER and isinstance(event.evidence, dict)
               and "verdict" in event.evidence):
             self.unsealed.setdefault(event.operation_id, []).append(

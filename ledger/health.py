@@ -185,3 +185,20 @@ def reconcile_backlog(now: datetime) -> Check:
                      value=round(age, 3))
     return Check("reconcile_backlog", True, "warning",
                  f"oldest due operation waits {age:.0f} s", value=round(age, 3))
+
+
+@register
+@severity("warning")
+def sealer_lag(now: datetime) -> Check:
+    """The oldest committed event waits for the sealer less than the configured limit."""
+    from ledger import chain
+
+    limit = settings.LEDGER_HEALTH_SEAL_LAG_SECONDS
+    lag = chain.seal_lag_seconds(now)
+    if lag > limit:
+        return Check("sealer_lag", False, "warning",
+                     f"expected the oldest unsealed event to wait under {limit:.0f} s, found "
+                     f"{lag:.0f} s: is a sealer running (`manage.py seal`, or `manage.py "
+                     "reconcile` without --no-seal)?", value=round(lag, 3))
+    return Check("sealer_lag", True, "warning",
+                 f"oldest unsealed event waits {lag:.1f} s", value=round(lag, 3))

@@ -17,6 +17,9 @@ whole (the test pins the query count of a scrape):
   and the two counts behind it.
 - `ledger_reconcile_backlog_seconds` / `ledger_reconcile_due_operations`: how long the head
   of the reconcile queue has been due, and how many are due.
+- `ledger_sealer_lag_seconds{tenant}` / `ledger_unsealed_events{tenant}` /
+  `ledger_sealer_max_lag_seconds`: how far the audit chain trails the committed events
+  (`ledger.chain.unsealed`, over the partial index of unsealed events).
 """
 
 from __future__ import annotations
@@ -150,3 +153,24 @@ def reconcile_lag(now: datetime) -> Iterable[Metric]:
     yield GaugeMetricFamily("ledger_reconcile_due_operations",
                             "outcome_unknown operations due for reconciliation now",
                             value=due[0][0])
+
+
+@register
+def sealer_lag(now: datetime) -> Iterable[Metric]:
+    from ledger import chain
+
+    tails = chain.unsealed()
+    lag = GaugeMetricFamily("ledger_sealer_lag_seconds",
+                            "How long the oldest committed, unsealed operation event has "
+                            "waited for the sealer, per tenant", labels=["tenant"])
+    count = GaugeMetricFamily("ledger_unsealed_events",
+                              "Committed operation events the sealer has not linked yet",
+                              labels=["tenant"])
+    for tail in tails:
+        lag.add_metric([tail.tenant], tail.age_seconds(now))
+        count.add_metric([tail.tenant], tail.events)
+    yield lag
+    yield count
+    yield GaugeMetricFamily("ledger_sealer_max_lag_seconds",
+                            "The sealer lag of the tenant furthest behind (0 when none)",
+                            value=max((tail.age_seconds(now) for tail in tails), default=0.0))

@@ -225,6 +225,12 @@ PURGE_BLOCKERS: list[Blocker] = [
     Blocker("unsettled conflict flag", "o.conflict <> ''"),
     Blocker("re-read pending",
             "o.reread_due_at IS NOT NULL AND o.state = 'succeeded'"),
+    # The purge anchors the chain where it deletes links (ledger.chain): an event the
+    # sealer has not linked yet has none. `purge` seals first; this covers what commits
+    # meanwhile, and the purge function refuses it too (migration 0025).
+    Blocker("unsealed event",
+            "EXISTS (SELECT 1 FROM ledger_operationevent e "
+            "WHERE e.operation_id = o.id AND e.chain_seq IS NULL)"),
 ]
 
 
@@ -387,6 +393,8 @@ def purge(
     ordered = policies_by_specificity()
     result = PurgeResult()
     between = _pauser(pause)
+    if not dry_run:
+        chain.seal()  # what is committed gets its links, so it can be purged and anchored
     for policy in ordered:
         run = _start_run(policy, actor=actor, batch=batch, dry_run=dry_run)
         result.runs.append(run)

@@ -8,10 +8,11 @@ One change reads top to bottom in `_apply`:
    transaction; an agent's change of an operation whose run is leased must carry one;
 3. build the event: who, why, the evidence (secrets masked), the token, the time;
 4. run `CHANGE_OPERATION`, one SQL statement whose CTEs are the row's compare-and-set on
-   (state, version), the duplicate mark of a move to succeeded, the next link of the
-   tenant's hash chain, and the event that carries the link. They cannot come apart: a
-   change that matches no row (someone else moved first) writes no event and leaves the
-   chain alone, and `_apply` raises StaleVersion naming who moved it.
+   (state, version), the duplicate mark of a move to succeeded, and the event. They cannot
+   come apart: a change that matches no row (someone else moved first) writes no event,
+   and `_apply` raises StaleVersion naming who moved it. The event is written unsealed;
+   the sealer links it into the tenant's hash chain once committed (`ledger.chain.seal`),
+   so writers of one tenant never hold a shared row to their commit.
 
 A new receipt is written the same way, by `record` with `INSERT_OPERATION`.
 
@@ -32,9 +33,9 @@ operation for an arbitrary actor:
 schedule of a terminal operation, not its state: the version steps by one (the transition
 trigger allows that step for a terminal operation whose flag or `reread_due_at` changes,
 and nothing else without a state change) and an event from the state to itself records who
-and why, sealing the re-read's evidence, linked into the tenant's chain like every other
-event (`CHANGE_FLAG`). `by_intent_edit` is the one change of a planned operation's intent
-(`EDIT_INTENT`), which PostgreSQL admits only with a person's approval of exactly it.
+and why, sealing the re-read's evidence, chained like every other event (`CHANGE_FLAG`).
+`by_intent_edit` is the one change of a planned operation's intent (`EDIT_INTENT`), which
+PostgreSQL admits only with a person's approval of exactly it.
 
 `by_agent` and `by_person` are their own transaction, durable (a receipt is committed
 before the external call, not when a caller's block ends), and `record` runs in the one
@@ -55,7 +56,6 @@ import functools
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -315,7 +315,7 @@ def by_intent_edit(
 def single_statement() -> AbstractContextManager:
     """The transaction of an agent's write that is a single SQL statement.
 
-    Every change here is one statement (the row, its event and its chain link), and in
+    Every change here is one statement (the row and its event), and in
     autocommit mode PostgreSQL runs a statement as its own transaction, deferred event
     check included; so no BEGIN and COMMIT round trips around it. Inside a caller's
     transaction it is `atomic(durable=True)`, which refuses to nest: a receipt must be
@@ -532,9 +532,9 @@ def _event(
     external_id: str = "",
     evidence_row: Evidence | None = None,
 ) -> dict[str, Any]:
-    """The event's parameters of the statements below, with the body its chain link covers
-    (`chain.CURRENT_FORMAT`: the operation's `external_id` after the move, which the
-    statement also sets on the row, and the seal of `evidence_row`).
+    """The event's parameters of the statements below, in `chain.CURRENT_FORMAT`: with the
+    operation's `external_id` after the move (which the statement also sets on the row)
+    and the seal of `evidence_row`, which its chain link will cover.
 
     Evidence and reasons are agent- or person-written: secrets are masked before storage.
     """
@@ -548,13 +548,6 @@ def _event(
     reason = scrub_text(storable(reason or "", 4000))
     external_id = external_id or ""
     seal = chain.evidence_seal(evidence_row) if evidence_row is not None else None
-    payload = chain.operation_event_payload(SimpleNamespace(
-        tenant=op.tenant, operation_ref=op.operation_id, version=version,
-        from_state=from_state, to_state=to_state, actor_kind=actor_kind, actor_id=actor_id,
-        reason=reason, evidence=evidence, fencing_token=fencing_token, created_at=now,
-        chain_format=chain.CURRENT_FORMAT, external_id=external_id, evidence_seal=seal,
-        decided_by_id=decided_by,
-    ))
     return {
         "from_state": from_state, "to_state": to_state, "to_version": version,
         "actor_kind": actor_kind, "actor_id": actor_id, "reason": reason,
@@ -562,7 +555,6 @@ def _event(
         "fencing_token": fencing_token, "decided_by": decided_by, "now": now,
         "chain_format": chain.CURRENT_FORMAT, "event_external_id": external_id,
         "evidence_seal": _SEAL.get_db_prep_save(seal, connection),
-        "link_body": chain.link_body(payload),
     }
 
 
@@ -593,27 +585,20 @@ def _compact(sql: str) -> str:
     return " ".join(sql.split()).replace("( ", "(").replace(" )", ")")
 
 
-_LINK_FIRST = chain.hash_sql("%(link_body)s", f"'{chain.GENESIS}'", "1")
-_LINK_NEXT = chain.hash_sql("%(link_body)s", "head.hash", "head.seq + 1")
-
-# The two CTEs every write of an operation ends with (CHANGE_OPERATION, INSERT_OPERATION):
-# one link of the tenant's chain and the event carrying it, for each row of `changed`.
-_LINKED_AND_EVENT = f"""linked AS (
-    INSERT INTO ledger_chainhead AS head (chain, tenant, seq, hash)
-    SELECT '{chain.OPERATION_EVENTS.name}', changed.tenant, 1, {_LINK_FIRST} FROM changed
-    ON CONFLICT (chain, tenant) DO UPDATE SET seq = head.seq + 1, hash = {_LINK_NEXT}
-    RETURNING seq, hash
-),
-event AS (
+# The CTE every write of an operation ends with (CHANGE_OPERATION, INSERT_OPERATION): the
+# event recording the change, for each row of `changed`. It is written unsealed: the sealer
+# links committed events into their tenant's chain within moments (ledger.chain.seal), so
+# writers of one tenant never wait for each other's commits.
+_EVENT = """event AS (
     INSERT INTO ledger_operationevent
-           (operation_id, tenant, chain_seq, chain_hash, version, from_state, to_state,
-            actor_kind, actor_id, reason, evidence, fencing_token, decided_by_id,
-            created_at, chain_format, external_id, evidence_seal)
-    SELECT changed.id, changed.tenant, linked.seq, linked.hash, %(to_version)s,
-           %(from_state)s, %(to_state)s, %(actor_kind)s, %(actor_id)s, %(reason)s,
-           %(evidence)s, %(fencing_token)s, %(decided_by)s, %(now)s,
-           %(chain_format)s, %(event_external_id)s, %(evidence_seal)s
-      FROM changed, linked
+           (operation_id, tenant, version, from_state, to_state, actor_kind, actor_id, reason,
+            evidence, fencing_token, decided_by_id, created_at, chain_format, external_id,
+            evidence_seal)
+    SELECT changed.id, changed.tenant, %(to_version)s, %(from_state)s, %(to_state)s,
+           %(actor_kind)s, %(actor_id)s, %(reason)s, %(evidence)s, %(fencing_token)s,
+           %(decided_by)s, %(now)s, %(chain_format)s, %(event_external_id)s,
+           %(evidence_seal)s
+      FROM changed
     RETURNING operation_id
 )
 """
@@ -625,11 +610,10 @@ event AS (
 #               operation and fingerprint are marked duplicate (the row itself in `changed`);
 #               any other move skips it before reading a row (a one-time filter on the
 #               parameter, whatever plan PostgreSQL picks);
-#   linked      the next link of the tenant's chain of operation events (ledger.chain): the
-#               head row stays locked to the commit, so one tenant's writers take turns;
-#   event       the OperationEvent, carrying its link, the external_id `changed` set (what
-#               the link covers, so verify_audit can hold the row to its last event) and
-#               the seal of the Evidence row written in the same transaction, if any.
+#   event       the OperationEvent, unsealed (the sealer links it into the tenant's chain
+#               after the commit), carrying the external_id `changed` set (what its link
+#               will cover, so verify_audit can hold the row to its last event) and the
+#               seal of the Evidence row written in the same transaction, if any.
 # `{also_set}` stands for the other columns the change sets (`_change_operation`).
 CHANGE_OPERATION = _compact(f"""
 WITH changed AS (
@@ -657,7 +641,7 @@ duplicates AS (
        AND twin.state = '{State.SUCCEEDED}' AND twin.id <> changed.id
        AND twin.conflict <> 'duplicate'
 ),
-{_LINKED_AND_EVENT}SELECT changed.id, changed.conflict
+{_EVENT}SELECT changed.id, changed.conflict
   FROM changed JOIN event ON event.operation_id = changed.id
 """)
 
@@ -674,7 +658,7 @@ def _change_operation(also_set: tuple[str, ...]) -> str:
 
 
 # A new receipt with its first event, unless its (tenant, operation, idempotency_key) is
-# taken: then `changed` is empty and nothing is written. `linked` and `event` as above.
+# taken: then `changed` is empty and nothing is written. `event` as above.
 INSERT_OPERATION = _compact(f"""
 WITH changed AS (
     INSERT INTO ledger_operation
@@ -683,14 +667,14 @@ WITH changed AS (
     ON CONFLICT (tenant, operation, idempotency_key) WHERE idempotency_key > '' DO NOTHING
     RETURNING id, tenant
 ),
-{_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+{_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)
 
 
 # The conflict flag of a terminal operation, with its event (`_apply_flag`): the row's
 # compare-and-set on (state, version), refused too when the row already carries the flag
 # (the duplicate mark of another operation's success sets it without an event) unless a
-# re-read changes its schedule; then the chain link and the event, as above. `{also_set}`
+# re-read changes its schedule; then the event, as above. `{also_set}`
 # as in CHANGE_OPERATION.
 CHANGE_FLAG = _compact(f"""
 WITH changed AS (
@@ -699,7 +683,7 @@ WITH changed AS (
        AND (conflict <> %(conflict)s OR %(rereading)s)
     RETURNING id, tenant
 ),
-{_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+{_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)
 
 
@@ -713,7 +697,7 @@ def _change_flag(also_set: tuple[str, ...]) -> str:
 
 
 # An approver's edit of a planned intent (`by_intent_edit`): the row (same state, version
-# + 1, new intent and fingerprint) and its event planned -> planned, linked as above.
+# + 1, new intent and fingerprint) and its event planned -> planned, as above.
 EDIT_INTENT = _compact(f"""
 WITH changed AS (
     UPDATE ledger_operation
@@ -722,5 +706,5 @@ WITH changed AS (
      WHERE id = %(id)s AND state = '{State.PLANNED}' AND version = %(from_version)s
     RETURNING id, tenant
 ),
-{_LINKED_AND_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
+{_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
-from ledger.models.triggers import SANCTIONED, Protect, Trigger
+from ledger.models.triggers import SANCTIONED, SEALING, Protect, Trigger
 from ledger.states import (
     TERMINAL,
     ActorKind,
@@ -48,6 +48,25 @@ _EVENT_FENCED = """
                              'change %s -> %s of its operation, found %s', lease.token,
                              lease.resource, NEW.from_state, NEW.to_state,
                              COALESCE(NEW.fencing_token::text, 'no token'));
+    END IF;
+    RETURN NEW;
+"""
+
+# The one UPDATE an event admits (the statement trigger admits only the sealer's function):
+# its chain position and hash, from unset to set, and nothing else.
+_EVENT_SEALED_ONCE = """
+    IF OLD.chain_seq IS NOT NULL OR NEW.chain_seq IS NULL
+       OR to_jsonb(NEW) - 'chain_seq' - 'chain_hash'
+          IS DISTINCT FROM to_jsonb(OLD) - 'chain_seq' - 'chain_hash' THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('operation event %s: expected the sealer to set an unsealed '
+                             'event''s chain_seq and chain_hash and nothing else, found '
+                             'chain_seq %s -> %s and other columns %s', OLD.id,
+                             COALESCE(OLD.chain_seq::text, 'unset'),
+                             COALESCE(NEW.chain_seq::text, 'unset'),
+                             CASE WHEN to_jsonb(NEW) - 'chain_seq' - 'chain_hash'
+                                       IS DISTINCT FROM to_jsonb(OLD) - 'chain_seq' - 'chain_hash'
+                                  THEN 'changed' ELSE 'unchanged' END);
     END IF;
     RETURN NEW;
 """
@@ -107,14 +126,20 @@ class AppendOnly(Protect):
     no row.
     """
 
-    def __init__(self, *, name: str):
+    def __init__(self, *, name: str, sealed: bool = False):
         super().__init__(name=name, operation=pgtrigger.Update | pgtrigger.Delete,
                          level=pgtrigger.Statement)
         self.when = pgtrigger.Before
+        # Operation events: the sealer's UPDATE of their chain columns passes too (the row
+        # trigger `event_sealed_once` holds it to those columns, set once).
+        self.sealed = sealed
 
     def get_func(self, model):
+        admitted = SANCTIONED
+        if self.sealed:
+            admitted = f"{SANCTIONED} OR (TG_OP = 'UPDATE' AND {SEALING})"
         return f"""
-        IF {SANCTIONED} THEN
+        IF {admitted} THEN
             RETURN NULL;
         END IF;
         RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
@@ -353,9 +378,11 @@ class OperationEvent(models.Model):
         related_name="+",
     )
     created_at = models.DateTimeField()
-    # Tamper evidence (ledger.chain): position in the tenant's chain and the link's hash.
-    chain_seq = models.BigIntegerField()
-    chain_hash = models.CharField(max_length=64)
+    # Tamper evidence (ledger.chain): position in the tenant's chain and the link's hash,
+    # both NULL until the sealer links the committed event (ledger.chain.seal), then set
+    # once and never again (`event_sealed_once`).
+    chain_seq = models.BigIntegerField(null=True, blank=True)
+    chain_hash = models.CharField(max_length=64, null=True, blank=True)
     # What the link's hash covers besides the transition (ledger.chain.FORMATS): 1, events
     # written before format 2, cover the transition alone; 2 also the operation's
     # external_id after the move and the seal of the Evidence row written with it.
@@ -369,14 +396,31 @@ class OperationEvent(models.Model):
                 fields=["operation", "version"], name="event_one_per_operation_version"
             ),
             models.UniqueConstraint(fields=["tenant", "chain_seq"], name="event_chain_seq_unique"),
+            models.CheckConstraint(
+                condition=models.Q(chain_seq__isnull=True, chain_hash__isnull=True)
+                | models.Q(chain_seq__gte=1, chain_hash__isnull=False,
+                           chain_hash__regex=r"^[0-9a-f]{64}$"),
+                name="event_sealed_whole",
+                violation_error_message="expected an event unsealed (no chain_seq, no "
+                                        "chain_hash) or sealed (seq >= 1 and a 64-hex hash)",
+            ),
         ]
         indexes = [
             models.Index(fields=["created_at", "id"], name="event_time_idx"),
             models.Index(fields=["actor_id", "created_at"], name="event_actor_idx"),
+            # The sealer's work list: what is committed and not yet linked, per tenant.
+            models.Index(fields=["tenant", "id"], name="event_unsealed_idx",
+                         condition=models.Q(chain_seq__isnull=True)),
         ]
         ordering = ["operation", "version"]
         triggers = [
-            AppendOnly(name="event_append_only"),
+            AppendOnly(name="event_append_only", sealed=True),
+            Trigger(
+                name="event_sealed_once",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                func=_EVENT_SEALED_ONCE,
+            ),
             Trigger(
                 name="event_human_decision_check",
                 operation=pgtrigger.Insert,

@@ -8,12 +8,14 @@ declared body and nothing else (`UnbypassableTriggerSql`).
 
 The one sanctioned exception is retention: the purge and the redaction run inside the
 SECURITY DEFINER functions `ledger_retention_purge` and `ledger_retention_redact`
-(migration 0014), owned by the role that owns the tables. The few triggers that let them
-through ask `ledger_sanctioned(TG_RELID)`: TRUE only while the current user is the table's
-owner AND the transaction-local `ledger.sanctioned` is 'retention' (which those functions
-set for their own duration). The application role may set the setting, but it is not the
-owner, and it can become the owner only by calling those functions, which write their own
-audit rows (PurgeRun counts, ChainAnchor, Redaction).
+(migration 0014), owned by the role that owns the tables; so does the sealer, which links
+committed operation events into their chain (`ledger_seal_events`, see `SEALING`). The few
+triggers that let them through ask `ledger_sanctioned(TG_RELID)`: TRUE only while the
+current user is the table's owner AND the transaction-local `ledger.sanctioned` is
+'retention' (which those functions set for their own duration). The application role may
+set the setting, but it is not the owner, and it can become the owner only by calling
+those functions, which write their own audit rows (PurgeRun counts, ChainAnchor,
+Redaction) or, for the sealer, only set unsealed events' links.
 """
 
 import pgtrigger
@@ -21,6 +23,11 @@ from pgtrigger import compiler
 
 # What the few triggers that admit the purge call: see the module docstring.
 SANCTIONED = "ledger_sanctioned(TG_RELID)"
+# What the operation events' triggers admit besides: the sealer's function
+# `ledger_seal_events` (migration 0025), which links committed events into their tenant's
+# chain, setting `chain_seq` and `chain_hash` once (ledger.chain.seal). The same owner check
+# as `ledger_sanctioned`, for the setting's value 'seal'.
+SEALING = "ledger_sealing(TG_RELID)"
 
 
 class UnbypassableTriggerSql(compiler.UpsertTriggerSql):

@@ -5,13 +5,13 @@ and the state of its hash chains as one principal may see them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from ledger import access
+from ledger import access, chain
 from ledger.models import AuditVerification, ChainHead, OperationEvent
 from ledger.selectors.base import visible
 from ledger.selectors.pagination import Page, iter_keyset, keyset_page
@@ -71,12 +71,15 @@ def iter_audit_events(
 
 
 def audit_status(tenants=None) -> dict[str, Any]:
-    """Chain heads (of `tenants`; None: all) and the last verification, for the desk."""
+    """Chain heads (of `tenants`; None: all), the events not sealed into them yet, and the
+    last verification, for the desk."""
     heads = ChainHead.objects.all()
     if tenants is not None:
         heads = heads.filter(tenant__in=tenants)
     return {
         "heads": list(heads.values("chain", "tenant", "seq", "hash")),
+        "unsealed": [tail for tail in chain.unsealed()
+                     if tenants is None or tail.tenant in tenants],
         "last_verification": AuditVerification.objects.order_by("-finished_at", "-id").first(),
     }
 
@@ -118,12 +121,14 @@ class VisibleAuditStatus:
     # The operation and evidence rows that verification held to their events.
     operations_checked: int = 0
     evidence_checked: int = 0
+    # Per tenant, committed events the sealer has not linked yet (ledger.chain.Unsealed).
+    unsealed: list[chain.Unsealed] = field(default_factory=list)
 
 
 def audit_status_for(user) -> VisibleAuditStatus:
     """The chain heads of the tenants `user` may see and the last verification of them.
 
-    Two queries (the user's tenant grants aside), whatever the number of chains.
+    Three queries (the user's tenant grants aside), whatever the number of chains.
     """
     tenants = access.tenants_for(user)
     status = audit_status(tenants)
@@ -143,7 +148,8 @@ def audit_status_for(user) -> VisibleAuditStatus:
     ]
     if verification is None:
         return VisibleAuditStatus(heads=heads, verification=None, links_checked=0,
-                                  is_intact=None, first_break=None)
+                                  is_intact=None, first_break=None,
+                                  unsealed=status["unsealed"])
     first_break = verification.first_break
     if first_break is not None and not visible(first_break.get("tenant", "")):
         first_break = None
@@ -154,4 +160,5 @@ def audit_status_for(user) -> VisibleAuditStatus:
         first_break=first_break,
         operations_checked=sum(h.get("operations_checked", 0) for h in checked.values()),
         evidence_checked=sum(h.get("evidence_checked", 0) for h in checked.values()),
+        unsealed=status["unsealed"],
     )

@@ -25,6 +25,8 @@
 --   django_migrations, none;
 -- * EXECUTE on the two retention functions of migration 0014, the only way anyone but the
 --   owner removes events and evidence or redacts a settled receipt; they audit themselves;
+--   and on the sealer's `ledger_seal_events` (migration 0025), the only way an event's
+--   chain position and hash are set (once, on an unsealed event);
 -- * never TRUNCATE, REFERENCES or TRIGGER, never CREATE on the schema, never ownership; the
 --   script refuses a role that is a superuser, owns ledger tables or is a member of their
 --   owner (it could switch the rules off).
@@ -65,7 +67,8 @@ DECLARE
         -- written only by ledger_retention_purge / ledger_retention_redact
         'ledger_chainanchor', '',
         'ledger_redaction', '',
-        -- the chains' heads: the upsert of ledger.chain
+        -- the chains' heads: the upsert of ledger.chain (human decisions on facts); the
+        -- operation events' heads move in ledger_seal_events
         'ledger_chainhead', 'INSERT, UPDATE (seq, hash)',
         -- retention: policies are the desk's; a run's counts are written by the purge
         'ledger_retentionpolicy', 'INSERT, UPDATE, DELETE',
@@ -146,5 +149,7 @@ BEGIN
                    app_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_retention_redact(bigint, bigint[]) TO %I',
                    app_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_seal_events(varchar, bigint[], varchar[], '
+                   'bigint, varchar) TO %I', app_role);
 END
 $app_role$;

@@ -9,8 +9,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 from django.db.utils import DatabaseError
+from django.utils import timezone
 
-from ledger import chain, receipts, retention, selectors
+from ledger import chain, receipts, retention, selectors, transitions
+from ledger.canonical import fingerprint
 from ledger.management.commands.app_role import SCRIPT, create_app_role
 from ledger.models import (
     AuditVerification,
@@ -37,6 +39,7 @@ def test_each_event_links_to_the_previous_one_of_its_tenant():
     OperationFactory(state=State.SUCCEEDED)
     OperationFactory(state=State.REJECTED, tenant="acme")
     OperationFactory(state=State.ABANDONED)
+    assert chain.seal() == 8
     events = events_of("default")
     assert [e.chain_seq for e in events] == [1, 2, 3, 4, 5]  # 3 + 2 transitions
     assert [e.chain_seq for e in events_of("acme")] == [1, 2, 3]
@@ -61,15 +64,15 @@ def test_evidence_numbers_that_jsonb_rewrites_still_verify():
 
 
 @pytest.mark.django_db
-def test_a_transition_its_chain_link_and_its_event_are_one_statement():
+def test_a_transition_and_its_event_are_one_statement_off_the_chain_head():
     op = receipts.record_intent("articles.create", "t", {"title": "x"})
-    # savepoint, one WITH statement (UPDATE operation, chain head upsert, INSERT event), release
+    # savepoint, one WITH statement (UPDATE operation, INSERT event), release
     with CaptureCount() as captured:
         receipts.mark_submitted(op)
     assert captured.count == 3
-    [statement] = [sql for sql in captured.sql if "ledger_chainhead" in sql]
+    [statement] = [sql for sql in captured.sql if "INSERT INTO ledger_operationevent" in sql]
     assert "UPDATE ledger_operation" in statement
-    assert "INSERT INTO ledger_operationevent" in statement
+    assert not any("ledger_chainhead" in sql for sql in captured.sql)
 
 
 class CaptureCount:
@@ -118,7 +121,55 @@ def test_concurrent_writers_of_one_tenant_never_fork_the_chain():
     for thread in threads:
         thread.join()
     assert errors == []
+    chain.seal()
     assert [e.chain_seq for e in events_of()] == list(range(1, 8 * 3 + 1))
+    assert chain.verify(actor="test").is_intact
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_of_a_tenant_never_waits_for_another_writers_commit():
+    """The chain is off the commit path: a transaction that wrote an event of a tenant and
+    has not committed holds nothing another writer of that tenant needs."""
+    written, release = threading.Event(), threading.Event()
+    errors = []
+
+    def hold_an_uncommitted_write():
+        try:
+            with transaction.atomic():  # a receipt's first write, left uncommitted
+                now = timezone.now()
+                intent = {"title": "held"}
+                assert transitions.record(Operation(
+                    operation_id=receipts.new_operation_id(now), tenant="default",
+                    operation="articles.create", target="t", intent=intent,
+                    intent_fingerprint=fingerprint(intent), idempotency_key="held-open",
+                    created_at=now, state_changed_at=now))
+                written.set()
+                release.wait(30)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_an_uncommitted_write)
+    holder.start()
+    try:
+        assert written.wait(30)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a wait on the holder would fail
+        op = receipts.record_intent("articles.create", "t", {"title": "other"},
+                                    idempotency_key="not-waiting")
+        receipts.mark_submitted(op)
+        receipts.mark_succeeded(op)
+        assert chain.seal() == 3  # the holder's event is not committed: not sealed
+    finally:
+        release.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 0")
+    assert errors == []
+    assert chain.seal() == 1  # committed now: linked after the others
+    assert [e.chain_seq for e in events_of()] == [1, 2, 3, 4]
+    assert events_of()[-1].operation.idempotency_key == "held-open"
     assert chain.verify(actor="test").is_intact
 
 
@@ -150,6 +201,7 @@ def test_an_event_altered_behind_the_triggers_is_found_and_named():
     OperationFactory(state=State.SUCCEEDED)
     victim = OperationFactory(state=State.SUCCEEDED)
     OperationFactory(state=State.SUCCEEDED)
+    chain.seal()  # tamper evidence covers sealed events
     event = OperationEvent.objects.get(operation=victim, version=3)
     tamper("UPDATE ledger_operationevent SET actor_id = 'someone else' WHERE id = %s",
            [event.pk])
@@ -167,6 +219,7 @@ def test_an_event_altered_behind_the_triggers_is_found_and_named():
 @pytest.mark.django_db(transaction=True)
 def test_verify_audit_exits_non_zero_on_a_break():
     op = OperationFactory(state=State.SUCCEEDED)
+    chain.seal()
     tamper("UPDATE ledger_operationevent SET reason = 'nothing happened' "
            "WHERE operation_id = %s AND version = 1", [op.pk])
     child = spawn("""
@@ -181,6 +234,7 @@ def test_verify_audit_exits_non_zero_on_a_break():
 @pytest.mark.django_db(transaction=True)
 def test_a_deleted_event_is_a_missing_link():
     ops = [OperationFactory(state=State.SUCCEEDED) for _ in range(2)]
+    chain.seal()
     gone = OperationEvent.objects.get(operation=ops[0], version=2)
     tamper("DELETE FROM ledger_operationevent WHERE id = %s", [gone.pk])
     result = chain.verify(actor="test")
@@ -191,6 +245,7 @@ def test_a_deleted_event_is_a_missing_link():
 @pytest.mark.django_db(transaction=True)
 def test_removing_the_newest_events_is_found_through_the_chain_head():
     op = OperationFactory(state=State.SUCCEEDED)
+    chain.seal()
     tamper("DELETE FROM ledger_operationevent WHERE operation_id = %s AND version = 3", [op.pk])
     result = chain.verify(actor="test")
     assert not result.is_intact

@@ -106,14 +106,19 @@ def test_a_decision_names_the_person_on_its_event(reviewer):
 
 
 @pytest.mark.django_db
-def test_a_change_is_one_statement_of_row_event_and_link():
+def test_a_change_is_one_statement_of_row_and_event_which_the_sealer_links():
     op = OperationFactory(state=State.PLANNED)
+    chain.seal()
     seq = chain_seq()
     with CaptureQueriesContext(connection) as queries:
         receipts.mark_submitted(op)
     assert len(writes(queries)) == 1
     assert "WITH changed AS (UPDATE ledger_operation" in writes(queries)[0]
     event = OperationEvent.objects.get(operation=op, version=2)
+    # Written unsealed: the tenant's chain head is not touched on the write path.
+    assert (event.chain_seq, event.chain_hash, chain_seq()) == (None, None, seq)
+    assert chain.seal() == 1
+    event.refresh_from_db()
     assert (event.chain_seq, chain_seq()) == (seq + 1, seq + 1)
 
 
@@ -128,13 +133,13 @@ def test_a_new_receipt_is_one_statement_of_row_event_and_link():
     assert list(op.events.values_list("version", "to_state")) == [(1, State.PLANNED)]
 
 
-def test_the_change_statement_shows_its_four_parts_in_order():
+def test_the_change_statement_shows_its_three_parts_in_order():
     sql = transitions.CHANGE_OPERATION
     parts = [sql.index(name) for name in
-             ("WITH changed AS (UPDATE", "duplicates AS (UPDATE", "linked AS (INSERT",
-              "event AS (INSERT")]
+             ("WITH changed AS (UPDATE", "duplicates AS (UPDATE", "event AS (INSERT")]
     assert parts == sorted(parts)
     assert sql.startswith("WITH changed AS (UPDATE ledger_operation")
+    assert "ledger_chainhead" not in sql
 
 
 @pytest.mark.django_db

@@ -55,6 +55,7 @@ def trail():
     ops = [OperationFactory(state=State.SUCCEEDED), reconciled(1),
            OperationFactory(state=State.SUCCEEDED, tenant="acme"), reconciled(2, tenant="acme"),
            OperationFactory(state=State.MANUAL_REVIEW, tenant="acme")]
+    chain.seal()  # the chain covers what the sealer linked: tampering comes after
     return ops
 
 
@@ -159,6 +160,7 @@ def test_a_rewound_head_is_found_through_the_head_an_earlier_verification_record
     # another one now.
     while ChainHead.objects.get(tenant="acme").seq < recorded.seq:
         OperationFactory(state=State.SUCCEEDED, tenant="acme")
+        chain.seal()
     found = broken()
     assert (found.tenant, found.seq, found.expected) == ("acme", recorded.seq, recorded.hash)
     assert "rewritten from there" in found.message

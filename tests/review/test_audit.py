@@ -88,8 +88,9 @@ def test_audit_page_runs_a_fixed_number_of_queries(client, reviewer, per_page,
     client.force_login(reviewer)
     chain.verify(actor="nightly")
     # session, user, user perms, group perms, tenant grants, the page (events + operations),
-    # chain heads, last verification (these two added with the chain status: 6 -> 8)
-    with django_assert_num_queries(8):
+    # chain heads, last verification (these two added with the chain status: 6 -> 8), the
+    # unsealed tail (with the sealer: 9)
+    with django_assert_num_queries(9):
         response = client.get(AUDIT, {"per_page": per_page})
     assert len(response.context["page"].items) == per_page
 
@@ -136,6 +137,7 @@ def test_audit_page_shows_the_chain_heads_of_visible_tenants_and_the_last_verifi
     OperationFactory(state=State.SUCCEEDED, tenant="acme")
     chain.verify(actor="nightly-verify")
     OperationFactory(state=State.SUBMITTED)  # two links newer than the verification
+    chain.seal()
     client.force_login(reviewer)
     response = client.get(AUDIT)
     status = response.context["chain_status"]
@@ -156,7 +158,12 @@ def test_audit_page_says_when_the_chain_was_never_verified(client, reviewer):
     OperationFactory(state=State.SUBMITTED)
     client.force_login(reviewer)
     body = client.get(AUDIT).content.decode()
+    assert "Never verified" in body and "No chain yet" in body
+    assert "default: 2 events, the oldest committed" in body  # the unsealed tail
+    chain.seal()
+    body = client.get(AUDIT).content.decode()
     assert "Never verified" in body and "not verified yet" in body
+    assert "None: every committed event is sealed." in body
 
 
 def tamper_with(event):
@@ -172,6 +179,7 @@ def test_audit_page_names_the_first_broken_link_only_to_who_may_see_its_tenant(
         client, reviewer, other_tenant_reviewer):
     OperationFactory(state=State.SUCCEEDED, tenant="acme")
     victim = OperationFactory(state=State.SUCCEEDED)
+    chain.seal()
     tamper_with(OperationEvent.objects.filter(operation=victim).order_by("version")[1])
     assert not chain.verify(actor="nightly").is_intact
 

@@ -8,7 +8,7 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from ledger import reconcile
+from ledger import reconcile, sealer
 
 logger = logging.getLogger("ledger.reconcile")
 
@@ -16,7 +16,8 @@ logger = logging.getLogger("ledger.reconcile")
 class Command(BaseCommand):
     help = (
         "Reconcile outcome_unknown operations by reading the external systems, and turn "
-        "stale submissions of dead senders into outcome_unknown. Stops cleanly on SIGTERM."
+        "stale submissions of dead senders into outcome_unknown, while a sealer thread links "
+        "committed events into the audit chain (--no-seal: not here). Stops cleanly on SIGTERM."
     )
 
     def add_arguments(self, parser):
@@ -29,8 +30,12 @@ class Command(BaseCommand):
                             help="seconds to wait when nothing is due (default 5)")
         parser.add_argument("--worker-name", default="",
                             help="prefix of the worker names (default reconcile-<pid>)")
+        parser.add_argument("--no-seal", action="store_true",
+                            help="do not run the audit trail's sealer thread beside the "
+                                 "workers (run `manage.py seal` elsewhere)")
 
-    def handle(self, *args, once, workers, limit, interval, worker_name, **options):
+    def handle(self, *args, once, workers, limit, interval, worker_name, no_seal,
+               **options):
         if workers < 1 or limit < 1 or interval < 0:
             raise CommandError(
                 f"expected --workers >= 1, --limit >= 1 and --interval >= 0, found "
@@ -78,6 +83,9 @@ class Command(BaseCommand):
         self.stdout.write(f"reconcile: started {', '.join(names)}"
                           + (" (one pass)" if once else ""))
         threads = [threading.Thread(target=work, args=(name,), name=name) for name in names]
+        # The sealer links the events these workers (and every agent) commit into the chain.
+        seal_stop = threading.Event()
+        sealing = None if no_seal or once else sealer.start_thread(seal_stop)
         try:
             for thread in threads:
                 thread.start()
@@ -85,6 +93,11 @@ class Command(BaseCommand):
                 for thread in threads:
                     thread.join(timeout=0.2)
         finally:
+            seal_stop.set()
+            if sealing is not None:
+                sealing.join(timeout=10)
+        if once and not no_seal:
+            sealer.run(threading.Event(), once=True)  # the pass's events, sealed
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self.stdout.write(

@@ -22,7 +22,8 @@ class Command(BaseCommand):
         "its last event (changed without one). Exit non-zero naming the first break if any "
         "row was altered, removed or inserted out of band. Events written before chain "
         "format 2 do not cover external_id or evidence payloads: their evidence is checked by "
-        "verdict only."
+        "verdict only. It first seals what is committed and unsealed (the sealer's work; "
+        "--no-seal: not), and reports events still unsealed as the chain's unsealed tail."
     )
 
     def add_arguments(self, parser):
@@ -40,11 +41,14 @@ class Command(BaseCommand):
                  "--export-head): a head missing, a chain shorter than FILE says, or another "
                  "hash at its seq is a break",
         )
+        parser.add_argument("--no-seal", action="store_true",
+                            help="do not seal committed events first: verify what the "
+                                 "sealer linked and report the rest as the unsealed tail")
 
-    def handle(self, *args, actor, verbosity, export_head, expect_head, **options):
+    def handle(self, *args, actor, verbosity, export_head, expect_head, no_seal, **options):
         actor = actor or f"manage.py verify_audit ({getpass.getuser()}@{socket.gethostname()})"
         expected = _read_expected(expect_head) if expect_head else None
-        result = chain.verify(actor=actor, expected_heads=expected,
+        result = chain.verify(actor=actor, expected_heads=expected, seal_first=not no_seal,
                               progress=self.stdout.write if verbosity > 1 else None)
         found = result.first_break
         if found is not None:
@@ -62,6 +66,10 @@ class Command(BaseCommand):
             f"{operations} operations and {evidence} evidence rows match their events"
             + (f"; every head extends {expect_head}" if expect_head else "")
         )
+        unsealed = sum(head.get("unsealed", 0) for head in record.heads)
+        if unsealed:
+            self.stdout.write(f"{unsealed} committed event(s) not sealed yet (the unsealed "
+                              "tail: run `manage.py seal`)")
         if export_head:
             _write(export_head, chain.export_heads(record))
             self.stdout.write(f"heads written to {export_head}")
