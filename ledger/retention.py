@@ -225,12 +225,6 @@ PURGE_BLOCKERS: list[Blocker] = [
     Blocker("unsettled conflict flag", "o.conflict <> ''"),
     Blocker("re-read pending",
             "o.reread_due_at IS NOT NULL AND o.state = 'succeeded'"),
-    # The purge anchors the chain where it deletes links (ledger.chain): an event the
-    # sealer has not linked yet has none. `purge` seals first; this covers what commits
-    # meanwhile, and the purge function refuses it too (migration 0025).
-    Blocker("unsealed event",
-            "EXISTS (SELECT 1 FROM ledger_operationevent e "
-            "WHERE e.operation_id = o.id AND e.chain_seq IS NULL)"),
 ]
 
 
@@ -393,8 +387,9 @@ def purge(
     ordered = policies_by_specificity()
     result = PurgeResult()
     between = _pauser(pause)
-    if not dry_run:
-        chain.seal()  # what is committed gets its links, so it can be purged and anchored
+    # What is committed gets its links first (the sealer's own work, a dry run included so
+    # that it counts what a purge would reach): only sealed events can be purged and anchored.
+    chain.seal()
     for policy in ordered:
         run = _start_run(policy, actor=actor, batch=batch, dry_run=dry_run)
         result.runs.append(run)
@@ -446,8 +441,15 @@ def _purge_batch(run, policy, ordered, now, batch) -> list[str]:
     # The only way to delete events and evidence (migration 0015): the function checks
     # again that each is terminal and past the policy's horizon, anchors the chain and
     # counts what it removed on the run, as the tables' owner.
-    return _sanctioned_batch(run, _purgeable_sql(policy, ordered, now), batch,
-                             "ledger_retention_purge")
+    where, params = _purgeable_sql(policy, ordered, now)
+    return _sanctioned_batch(run, (where + _SEALED_SQL, params), batch, "ledger_retention_purge")
+
+
+# The purge anchors the chain where it deletes links (ledger.chain): an event the sealer has
+# not linked yet has none. `purge` seals first; this skips what committed meanwhile (the
+# next run takes it), and the purge function refuses it too (migration 0025).
+_SEALED_SQL = (" AND NOT EXISTS (SELECT 1 FROM ledger_operationevent e"
+               " WHERE e.operation_id = o.id AND e.chain_seq IS NULL)")
 
 
 def _sanctioned_batch(run, rule, batch, function: str) -> list[str]:
