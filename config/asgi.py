@@ -19,6 +19,7 @@ from django.conf import settings  # noqa: E402 (after django.setup())
 from django.core import signals  # noqa: E402
 from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
 
 from api import problems  # noqa: E402
@@ -63,9 +64,10 @@ class APIHandler(ASGIHandler):
     broken").
 
     A response that streams a synchronous iterator is read to its end on the thread, as
-    Django's handler also reads it whole (`sync_to_async(list)`); one that streams an
-    asynchronous iterator is sent from the loop and then closed on a thread, as Django
-    does. Whatever fails outside the view's own handlers is answered as problem+json.
+    Django's handler also reads it whole (`sync_to_async(list)`). One that streams an
+    asynchronous iterator (the API has none) is sent from the loop and closed afterwards
+    on an executor thread, its request's thread having closed its database connections
+    first. Whatever fails outside the view's own handlers is answered as problem+json.
     """
 
     def __init__(self):
@@ -120,6 +122,7 @@ class APIHandler(ASGIHandler):
                 response = (self.get_response(request) if request is not None
                             else _problem_for(response))
                 if response.streaming and response.is_async:
+                    close_old_connections()  # what request_finished does for this thread
                     return response, None
                 content = (b"".join(response.streaming_content) if response.streaming
                            else response.content)
