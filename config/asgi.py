@@ -114,10 +114,10 @@ class APIHandler(ASGIHandler):
         that streams an asynchronous iterator, which the caller sends and then closes.
         """
         with body_file:
-            set_script_prefix(get_script_prefix(scope))
-            signals.request_started.send(sender=self.__class__, scope=scope)
             response = content = None
             try:
+                set_script_prefix(get_script_prefix(scope))
+                signals.request_started.send(sender=self.__class__, scope=scope)
                 request, response = self.create_request(scope, body_file)
                 response = (self.get_response(request) if request is not None
                             else _problem_for(response))
