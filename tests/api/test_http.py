@@ -266,6 +266,22 @@ def test_errors_are_problem_json_never_html(make_key, client_for):
                               json={"expected_version": "x"}), 422)
 
 
+def test_requests_after_a_body_over_the_servers_read_buffer_are_served(make_key, client_for):
+    # uvicorn stops reading a connection whose unread body passes 64 KiB and resumes when
+    # the response is sent. Sent from a worker thread through async_to_sync (asgiref's
+    # WsgiToAsgi, tried once), the resumed reader ran in a context holding a finished
+    # CurrentThreadExecutor, and the connection's next request failed with a 500.
+    agent = client_for(make_key("billing-bot"))
+    for i in range(10):
+        big = agent.post("/api/v1/operations", content=b"[" * 100_000,
+                         headers={"Content-Type": "application/json"})
+        assert big.status_code == 400 and big.headers["content-type"] == PROBLEM
+        padded = record(agent, idempotency_key=f"padded-{i}", intent={"pad": "x" * 80_000})
+        assert padded.headers["content-type"] in (PROBLEM, "application/json; charset=utf-8")
+        after = record(agent, idempotency_key=f"after-{i}")
+        assert after.status_code == 201, after.text
+
+
 def test_facts_obligations_and_runs(make_key, client_for):
     agent = client_for(make_key("crm-bot"))
     first = agent.post("/api/v1/facts", json={"subject": "customer:42", "predicate": "email",
