@@ -50,6 +50,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -464,56 +465,57 @@ def verify(
     started = timezone.now()
     if seal_first:
         seal()
-    recorded = _recorded_heads()
-    expected = expected_heads or {}
-    book = _SealBook()
-    breaks: dict[tuple[str, str], Break] = {}  # the first per chain and tenant
-    heads: dict[tuple[str, str], dict[str, Any]] = {}
-    for head in ChainHead.objects.order_by("chain", "tenant"):
-        spec = CHAINS.get(head.chain)
-        if spec is None:
-            continue
-        key = (head.chain, head.tenant)
-        checkpoints = [cp for cp in (recorded.get(key), expected.get(key)) if cp is not None]
-        visit = book.visit if spec is OPERATION_EVENTS else None
-        count, found = _verify_one(spec, head, checkpoints, visit)
-        heads[key] = {"chain": head.chain, "tenant": head.tenant, "seq": head.seq,
-                      "hash": head.hash, "links_checked": count}
-        if found is not None:
-            breaks.setdefault(key, found)
-        if progress:
-            progress(f"{head.chain}/{head.tenant}: {count} links, "
-                     f"{'intact' if found is None else 'BROKEN'}")
-    for key in sorted({*recorded, *expected} - heads.keys()):
-        if key[0] not in CHAINS:
-            continue
-        checkpoint = expected.get(key) or recorded[key]
-        heads[key] = {"chain": key[0], "tenant": key[1], "seq": 0, "hash": "",
-                      "links_checked": 0}
-        breaks.setdefault(key, Break(
-            key[0], key[1], checkpoint.seq, expected=f"{checkpoint.seq}:{checkpoint.hash}",
-            found="no chain head", ids={},
-            message=f"the chain {checkpoint.source} recorded is gone: its head row is missing",
-        ))
-    for tail in _visit_unsealed(book):
-        key = (OPERATION_EVENTS.name, tail.tenant)
-        heads.setdefault(key, {"chain": key[0], "tenant": tail.tenant, "seq": 0, "hash": "",
-                               "links_checked": 0})
-        heads[key].update(unsealed=tail.events, unsealed_since=timestamp(tail.oldest_at))
-    order = list(heads)
-    for tenant, counts, found in (*_check_evidence(book), *_check_operations()):
-        key = (OPERATION_EVENTS.name, tenant)
-        if key not in heads:  # rows of a tenant whose chain is gone entirely
-            heads[key] = {"chain": key[0], "tenant": tenant, "seq": 0, "hash": "",
+    with _one_snapshot():  # sealers and writers go on committing meanwhile
+        recorded = _recorded_heads()
+        expected = expected_heads or {}
+        book = _SealBook()
+        breaks: dict[tuple[str, str], Break] = {}  # the first per chain and tenant
+        heads: dict[tuple[str, str], dict[str, Any]] = {}
+        for head in ChainHead.objects.order_by("chain", "tenant"):
+            spec = CHAINS.get(head.chain)
+            if spec is None:
+                continue
+            key = (head.chain, head.tenant)
+            checkpoints = [cp for cp in (recorded.get(key), expected.get(key)) if cp is not None]
+            visit = book.visit if spec is OPERATION_EVENTS else None
+            count, found = _verify_one(spec, head, checkpoints, visit)
+            heads[key] = {"chain": head.chain, "tenant": head.tenant, "seq": head.seq,
+                          "hash": head.hash, "links_checked": count}
+            if found is not None:
+                breaks.setdefault(key, found)
+            if progress:
+                progress(f"{head.chain}/{head.tenant}: {count} links, "
+                         f"{'intact' if found is None else 'BROKEN'}")
+        for key in sorted({*recorded, *expected} - heads.keys()):
+            if key[0] not in CHAINS:
+                continue
+            checkpoint = expected.get(key) or recorded[key]
+            heads[key] = {"chain": key[0], "tenant": key[1], "seq": 0, "hash": "",
                           "links_checked": 0}
-            order.append(key)
-        for name, count in counts.items():
-            heads[key][name] = heads[key].get(name, 0) + count
-        if found is not None:
-            breaks.setdefault(key, found)
-    for key in order:
-        heads[key]["is_intact"] = key not in breaks
-    first_break = next((breaks[key] for key in order if key in breaks), None)
+            breaks.setdefault(key, Break(
+                key[0], key[1], checkpoint.seq, expected=f"{checkpoint.seq}:{checkpoint.hash}",
+                found="no chain head", ids={},
+                message=f"the chain {checkpoint.source} recorded is gone: its head row is missing",
+            ))
+        for tail in _visit_unsealed(book):
+            key = (OPERATION_EVENTS.name, tail.tenant)
+            heads.setdefault(key, {"chain": key[0], "tenant": tail.tenant, "seq": 0, "hash": "",
+                                   "links_checked": 0})
+            heads[key].update(unsealed=tail.events, unsealed_since=timestamp(tail.oldest_at))
+        order = list(heads)
+        for tenant, counts, found in (*_check_evidence(book), *_check_operations()):
+            key = (OPERATION_EVENTS.name, tenant)
+            if key not in heads:  # rows of a tenant whose chain is gone entirely
+                heads[key] = {"chain": key[0], "tenant": tenant, "seq": 0, "hash": "",
+                              "links_checked": 0}
+                order.append(key)
+            for name, count in counts.items():
+                heads[key][name] = heads[key].get(name, 0) + count
+            if found is not None:
+                breaks.setdefault(key, found)
+        for key in order:
+            heads[key]["is_intact"] = key not in breaks
+        first_break = next((breaks[key] for key in order if key in breaks), None)
     with transaction.atomic(durable=True):
         record = AuditVerification.objects.create(
             actor=actor[:200], started_at=started, finished_at=timezone.now(),
@@ -523,6 +525,20 @@ def verify(
             heads=[heads[key] for key in order],
         )
     return Verification(record=record, first_break=first_break)
+
+
+@contextmanager
+def _one_snapshot() -> Iterator[None]:
+    """Every read of a verification from one snapshot (REPEATABLE READ, read only): a
+    sealer or writer committing meanwhile cannot show a walk an event sealed after its
+    tenant's chain was read, or a head that moved past the links read. Inside a caller's
+    transaction, that transaction's reads."""
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
 
 
 def _verify_one(

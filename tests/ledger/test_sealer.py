@@ -292,3 +292,49 @@ def test_a_sealer_killed_mid_batch_leaves_whole_batches_and_the_next_one_finishe
     assert unsealed_count() == 0
     assert chain.verify(actor="test").is_intact
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verify_reads_one_snapshot_while_writers_and_a_sealer_commit():
+    """Real threads: agents write and a sealer seals while verify_audit walks, again and
+    again; every walk sees heads, links, the unsealed tail and the rows from one moment."""
+    stop = threading.Event()
+    errors = []
+
+    def agent(n):
+        try:
+            i = 0
+            while not stop.is_set():
+                op = receipts.record_intent("articles.create", "t", {"n": n, "i": i},
+                                            idempotency_key=f"snap-{n}-{i}")
+                receipts.mark_submitted(op)
+                receipts.mark_succeeded(op, external_id=f"a-{n}-{i}")
+                i += 1
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def sealing():
+        try:
+            while not stop.is_set():
+                chain.seal(limit=5)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=agent, args=(n,)) for n in range(2)]
+    threads.append(threading.Thread(target=sealing))
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(15):
+            result = chain.verify(actor="test", seal_first=False)
+            assert result.is_intact, result.first_break
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert errors == []
+    assert chain.verify(actor="test").is_intact

@@ -96,10 +96,14 @@ class Command(BaseCommand):
             seal_stop.set()
             if sealing is not None:
                 sealing.join(timeout=10)
-        if once and not no_seal:
-            sealer.run(threading.Event(), once=True)  # the pass's events, sealed
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        if once and not no_seal:
+            try:
+                sealer.run(threading.Event(), once=True)  # the pass's events, sealed
+            except Exception as exc:
+                raise CommandError(f"expected the pass's events sealed into the audit chain, "
+                                   f"found the sealer failing: {exc}") from exc
         self.stdout.write(
             f"reconcile: stopped; finished {totals['finished']} operation(s)"
         )
