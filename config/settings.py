@@ -297,6 +297,10 @@ DEMO_WEBHOOK_SECRET_NAME = "DEMO"
 if DEBUG and not IS_PRODUCTION:
     LEDGER_WEBHOOK_SECRETS.setdefault(DEMO_WEBHOOK_SECRET_NAME,
                                       "demo-webhook-secret-not-for-production")
+# Webhooks to loopback and private addresses (the demo's catcher): development only, unless
+# LEDGER_WEBHOOK_ALLOW_PRIVATE=1 says so.
+LEDGER_WEBHOOK_ALLOW_PRIVATE = os.environ.get(
+    "LEDGER_WEBHOOK_ALLOW_PRIVATE", "1" if DEBUG and not IS_PRODUCTION else "0") == "1"
 # Where the demo's catcher keeps what it received (demo/notifications.py).
 DEMO_CATCHER_FILE = Path(os.environ.get("LEDGER_DEMO_CATCHER_FILE",
                                         BASE_DIR / ".local" / "demo-webhook-catcher.jsonl"))
@@ -323,6 +327,8 @@ MAILERS = {
                 "username": os.environ.get("EMAIL_HOST_USER"),
                 "password": os.environ.get("EMAIL_HOST_PASSWORD"),
                 "use_tls": os.environ.get("EMAIL_USE_TLS") == "1" or None,
+                # A server that accepts and never answers must not hold the notify loop.
+                "timeout": int(os.environ.get("LEDGER_NOTIFY_TIMEOUT_SECONDS") or 10),
             }.items() if value is not None
         } if os.environ.get("DJANGO_EMAIL_BACKEND", "").endswith("smtp.EmailBackend")
         or IS_PRODUCTION else {},

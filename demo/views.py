@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
@@ -42,6 +43,11 @@ def webhook_catcher(request):
             from django.contrib.auth.views import redirect_to_login
 
             return redirect_to_login(request.get_full_path())
+        if not request.user.has_perm("ledger.view_notificationchannel"):
+            # What arrived names operations of every tenant: the admins' page, like the
+            # notification pages themselves.
+            raise PermissionDenied("expected an admin (the notification pages' permission), "
+                                   "found none")
         return render(request, "demo/webhook_catcher.html",
                       {"deliveries": demo_notifications.received()})
     body = request.body[:MAX_BODY + 1]

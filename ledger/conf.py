@@ -65,6 +65,13 @@ SETTINGS: dict[str, Setting] = {
         "HMAC secrets of webhook channels by name (a channel stores only the name); "
         "config/settings.py fills it from environment variables LEDGER_WEBHOOK_SECRET_<NAME>.",
     ),
+    "WEBHOOK_ALLOW_PRIVATE": Setting(
+        False, "boolean",
+        "Whether a webhook may point at a loopback, private, link-local or reserved address "
+        "(checked when the channel is saved and before every delivery); off, an admin cannot "
+        "aim the ledger at an internal service. config/settings.py turns it on in development "
+        "(the demo's catcher is on loopback).",
+    ),
     "NOTIFY_ITEMS_PER_MESSAGE": Setting(
         20, "positive integer",
         "Items listed (with their links) in one notification; the rest are counted.",
@@ -111,6 +118,9 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
             return None
     elif setting.kind == "http(s) URL":
         if isinstance(value, str) and value.startswith(("http://", "https://")):
+            return None
+    elif setting.kind == "boolean":
+        if isinstance(value, bool):
             return None
     elif setting.kind == "mapping of names to secrets":
         if isinstance(value, dict) and all(

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +43,7 @@ from urllib.parse import quote, urlsplit
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage
 from django.core.validators import validate_email
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -98,6 +100,28 @@ def check_webhook_url(url: str) -> str:
                            "authenticates the ledger), found a secret-looking part: "
                            f"{scrub_text(url)[:200]!r}")
     return url
+
+
+def check_destination(url: str) -> None:
+    """Refuse a webhook whose host resolves to a loopback, private, link-local or reserved
+    address, unless `LEDGER_WEBHOOK_ALLOW_PRIVATE`: an admin of one tenant must not aim the
+    ledger's requests (and the answers shown in the delivery log) at internal services.
+    Checked when a channel is saved and again before every delivery."""
+    if conf.WEBHOOK_ALLOW_PRIVATE:
+        return
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        found = socket.getaddrinfo(parts.hostname, port, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InvalidInput(f"expected a webhook host that resolves, found {parts.hostname!r} "
+                           f"not resolving ({exc})") from None
+    for *_, address in found:
+        ip = ipaddress.ip_address(address[0].split("%")[0])
+        if not ip.is_global:
+            raise InvalidInput(
+                f"expected a webhook host on a public address (LEDGER_WEBHOOK_ALLOW_PRIVATE "
+                f"admits private ones), found {parts.hostname!r} at {ip}")
 
 
 def check_secret_name(name: str) -> str:
@@ -161,6 +185,7 @@ def create_channel(
     if kind == Kind.WEBHOOK:
         check_webhook_url(url)
         check_secret_name(secret_name)
+        check_destination(url)
         addresses: list[str] = []
     else:
         if url or secret_name:
@@ -170,17 +195,21 @@ def create_channel(
     access.require_perm(user, "ledger.add_notificationchannel", doing="add notification channels")
     access.require_tenant(user, tenant)
     now = timezone.now()
-    with transaction.atomic(durable=True):
-        if NotificationChannel.objects.filter(tenant=tenant, name=name).exists():
-            raise InvalidInput(f"expected a channel name not used in tenant {tenant!r}, found "
-                               f"{name!r} taken (disable it, or choose another name)")
-        channel = NotificationChannel.objects.create(
-            tenant=tenant, name=name, kind=kind, pattern=pattern, url=url,
-            secret_name=secret_name, recipients=addresses, on_queue=on_queue,
-            on_approval=on_approval, stuck_after=stuck_after, is_active=True,
-            updated_by=user, created_at=now, updated_at=now,
-        )
-        _audit(channel, user, before=None, now=now)
+    taken = InvalidInput(f"expected a channel name not used in tenant {tenant!r}, found "
+                         f"{name!r} taken (disable it, or choose another name)")
+    try:
+        with transaction.atomic(durable=True):
+            if NotificationChannel.objects.filter(tenant=tenant, name=name).exists():
+                raise taken
+            channel = NotificationChannel.objects.create(
+                tenant=tenant, name=name, kind=kind, pattern=pattern, url=url,
+                secret_name=secret_name, recipients=addresses, on_queue=on_queue,
+                on_approval=on_approval, stuck_after=stuck_after, is_active=True,
+                updated_by=user, created_at=now, updated_at=now,
+            )
+            _audit(channel, user, before=None, now=now)
+    except IntegrityError:  # the same name, saved by someone else meanwhile
+        raise taken from None
     return channel
 
 
@@ -430,15 +459,20 @@ def deliver_due(*, worker: str = "", now: datetime | None = None, limit: int = 2
     """Try every batch that is due (at most `limit`), each claimed by this worker alone;
     returns the logged attempts. Never raises for a failed delivery: it is logged and
     retried."""
-    now = now or timezone.now()
     attempts = []
-    for batch in NotificationBatch.objects.filter(pk__in=_claim(now=now, limit=limit)) \
-            .select_related("channel").order_by("pk"):
+    for _ in range(limit):
+        # One batch per claim: its lease covers one send (timeout + margin), so a slow
+        # receiver never lets another worker claim batches this one has not sent yet.
+        at = now or timezone.now()
+        claimed = _claim(now=at, limit=1)
+        if not claimed:
+            break
+        batch = NotificationBatch.objects.select_related("channel").get(pk=claimed[0])
         started = time.monotonic()
         status_code, error = _send(batch)
         duration_ms = int((time.monotonic() - started) * 1000)
         attempts.append(_record(batch, status_code=status_code, error=error,
-                                duration_ms=duration_ms, worker=worker, now=now))
+                                duration_ms=duration_ms, worker=worker, now=at))
     return attempts
 
 
@@ -461,6 +495,10 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def _post(channel: NotificationChannel, batch: NotificationBatch) -> tuple[int | None, str]:
+    try:
+        check_destination(channel.url)  # again: a name may resolve elsewhere now
+    except InvalidInput as refused:
+        return None, str(refused)
     secret = conf.WEBHOOK_SECRETS.get(channel.secret_name)
     if not secret:
         return None, (f"expected a secret named {channel.secret_name} in "

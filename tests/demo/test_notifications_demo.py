@@ -66,6 +66,8 @@ def test_the_catcher_refuses_a_wrong_signature_and_escapes_what_it_lists(client)
                                                                               stamp, body)})
     assert good.status_code == 200
     client.force_login(UserFactory(username="viewer", role="viewer"))
+    assert client.get(url).status_code == 403  # what arrived names every tenant's items
+    client.force_login(UserFactory(username="admin-1", role="admin"))
     page = client.get(url).content.decode()
     assert "&lt;b&gt;t&lt;/b&gt;" in page and "<b>t</b>" not in page
 

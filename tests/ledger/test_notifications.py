@@ -454,3 +454,28 @@ def test_the_notify_loop_delivers_in_its_own_process_and_stops_on_sigterm(receiv
     assert "notify: stopped; 1 batch(es), 1 delivery attempt(s)" in out
     assert len(hook.requests) == 1 and verify(hook.requests[0])
     assert DeliveryAttempt.objects.get().worker == "loop-1"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("host", ["127.0.0.1", "10.1.2.3", "169.254.169.254", "[::1]",
+                                  "localhost"])
+def test_a_webhook_to_an_internal_address_is_refused_unless_allowed(admin_user, settings, host):
+    settings.LEDGER_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(InvalidInput, match=r"expected a webhook host on a public address "
+                                           r"\(LEDGER_WEBHOOK_ALLOW_PRIVATE admits private "
+                                           r"ones\), found .* at "):
+        webhook(admin_user, f"http://{host}:8080/hook")
+    assert not NotificationChannel.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_delivery_to_an_address_no_longer_allowed_is_logged_not_sent(
+        admin_user, receiver, settings):
+    hook = receiver()
+    webhook(admin_user, hook.url)
+    unknown_ops(2)
+    settings.LEDGER_WEBHOOK_ALLOW_PRIVATE = False
+    notifications.collect(now=timezone.now() + timedelta(minutes=5))
+    [attempt] = notifications.deliver_due(now=timezone.now() + timedelta(minutes=5))
+    assert "expected a webhook host on a public address" in attempt.error
+    assert hook.requests == []
