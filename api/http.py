@@ -41,7 +41,6 @@ from api.schemas import (
     SubmittedIn,
     SucceededIn,
 )
-from ledger import agent_keys
 from ledger.errors import LedgerError
 
 logger = logging.getLogger("ledger.api")
@@ -57,7 +56,10 @@ class AgentKeyAuth(HttpBearer):
     openapi_description = "An agent key (manage.py agent_key create NAME --tenant T)."
 
     def authenticate(self, request: HttpRequest, token: str):
-        return agent_keys.authenticate(token)
+        # A path naming an operation: the key and that operation in one statement.
+        match = request.resolver_match
+        return service.authenticate(
+            token, operation_id=match.kwargs.get("operation_id") if match else None)
 
 
 class ProblemAPI(NinjaAPI):
