@@ -6,8 +6,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.utils import ProgrammingError
+from django.test.utils import CaptureQueriesContext
 
-from ledger import access, agent_keys
+from ledger import access, agent_keys, receipts
 from ledger.errors import InvalidInput, PermissionDenied
 from ledger.models import AgentKey, AgentKeyChange
 from tests.factories import UserFactory
@@ -72,6 +73,37 @@ def test_revoked_unknown_and_malformed_secrets_authenticate_nothing(admin_user):
     assert agent_keys.authenticate(None) is None
     assert agent_keys.revoke("billing-bot", user=admin_user).revoked_by_name == "admin"
     assert AgentKeyChange.objects.filter(action="revoked").count() == 1  # revoked once
+
+
+def test_the_key_and_an_operation_of_its_tenants_are_read_in_one_statement(admin_user):
+    key, secret = agent_keys.create("billing-bot", tenants=["acme", "globex"], user=admin_user)
+    globex_op = receipts.record_intent("mail.send", "smtp://x", {"n": 1}, tenant="globex")
+    other_op = receipts.record_intent("mail.send", "smtp://x", {"n": 2}, tenant="default")
+
+    with CaptureQueriesContext(connection) as queries:
+        found_key, found = agent_keys.authenticate_with_operation(
+            secret, globex_op.operation_id)
+
+    assert len(queries) == 1
+    assert found_key == key and found_key.tenants == ["acme", "globex"]
+    assert found == globex_op and found.intent == {"n": 1} and found.state == "planned"
+    # Another tenant's operation and a missing one: the key, and no operation.
+    assert agent_keys.authenticate_with_operation(secret, other_op.operation_id) == (key, None)
+    assert agent_keys.authenticate_with_operation(
+        secret, "20260101T000000Z-0000000000") == (key, None)
+
+
+def test_a_revoked_key_reads_no_operation_even_of_its_tenants(admin_user):
+    _, secret = agent_keys.create("billing-bot", tenants=["default"], user=admin_user)
+    op = receipts.record_intent("mail.send", "smtp://x", {"n": 1})
+    assert agent_keys.authenticate_with_operation(secret, op.operation_id)[1] == op
+
+    agent_keys.revoke("billing-bot", user=admin_user)
+
+    assert agent_keys.authenticate_with_operation(secret, op.operation_id) == (None, None)
+    assert agent_keys.authenticate_with_operation("alk_" + "a" * 43, op.operation_id) == \
+        (None, None)
+    assert agent_keys.authenticate_with_operation(None, op.operation_id) == (None, None)
 
 
 def test_creation_and_revocation_are_audited_with_who_and_when(admin_user):
