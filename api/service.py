@@ -234,7 +234,8 @@ def mark(
 
 def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     """The receipt with its events (oldest first), evidence and approval status (the gate,
-    the request). Five queries."""
+    the request). Four queries, five with `access_operation`'s own look-up (none when the
+    key's authentication read the operation)."""
     op = access_operation(key, operation_id)
     data = operation_dict(op)
     data["approval"] = approval_dict(op)

@@ -6,7 +6,8 @@ serving `config.asgi:application`, as production does) and through the `ledger` 
 this process. Both sides interleave operation by operation against the same database;
 the claim is the ratio of the median lifecycles (HTTP / in process), the ratio of the
 totals beside it. Each HTTP request also authenticates its key and fetches the operation
-it names, which the in-process agent, holding the object, does not.
+it names (the marks: both in one statement), which the in-process agent, holding the
+object, does not.
 """
 
 from __future__ import annotations
