@@ -11,6 +11,7 @@ from ledger.states import State
 from tests.e2e.conftest import log_in, screenshot
 from tests.factories import OperationFactory, UserFactory, ensure_roles
 from tests.ledger.test_notifications import Receiver
+from tests.review.execution_setup import busy_run, make_conflict, make_overdue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -104,13 +105,15 @@ PHONE_PAGES = ["/", "/?state=submitted&age=1h", "/audit/", "/approvals/",
 
 # Pages whose tables are cards at phone width (class stack-rows): no table scrolls inside
 # itself, and the cells of a row sit one under another.
-STACKED_PAGES = ["/audit/", "/notifications/", "/notifications/deliveries/"]
-UNSTACKED_TABLES_JS = """() => [...document.querySelectorAll('main table.grid')].filter(table => {
+STACKED_PAGES = ["/", "/?state=submitted&age=1h", "/audit/", "/approvals/", "/conflicts/",
+                 "/obligations/overdue/", "/notifications/", "/notifications/deliveries/"]
+TABLES_JS = """() => [...document.querySelectorAll('main table.grid')].map(table => {
     const cells = [...table.querySelectorAll('tbody tr:first-child td')]
         .filter(td => td.offsetHeight > 0);
     const lefts = new Set(cells.map(td => Math.round(td.getBoundingClientRect().left)));
-    return table.scrollWidth > table.clientWidth || lefts.size > 1;
-}).map(table => table.closest('[id]').id)"""
+    const where = table.closest('[id]').id + ' ' + table.className;
+    return table.scrollWidth > table.clientWidth || lefts.size > 1 ? where : '';
+})"""
 
 
 @pytest.fixture
@@ -164,19 +167,25 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server, notified
         OperationFactory(state=State.OUTCOME_UNKNOWN)
     claims.add_note(op, user=UserFactory(username="ada", role="reviewer"),
                     text="a long note without spaces " + "y" * 300)
+    run, _ = busy_run("run-reconcile-the-march-invoices-of-every-subsidiary", extra_rows=3)
+    make_overdue(run, "email:payment-reminder:" + "subsidiary-" * 6)
+    conflict = make_conflict("invoice:2026-03-" + "0042-" * 8, run=run,
+                             candidate={"paid": True, "memo": "wire ref " + "Z" * 120})
     context = chromium.new_context(base_url=live_server.url, viewport=PHONE)
     try:
         page = context.new_page()
+        page.goto("/accounts/login/")
+        login_width = page.evaluate("document.documentElement.scrollWidth")
         log_in(page, "admin")
-        pages = [*PHONE_PAGES, f"/operations/{op.operation_id}/"]
-        widths = {}
+        pages = [*PHONE_PAGES, f"/operations/{op.operation_id}/",
+                 f"/conflicts/{conflict.pk}/", f"/runs/{run.run_id}/"]
+        widths, tables = {}, {}
         for path in pages:
             response = page.goto(path)
             assert response.status == 200, path
             widths[path] = page.evaluate("document.documentElement.scrollWidth")
-            if path in STACKED_PAGES:
-                assert page.locator("main table.grid").count() >= 1, path
-                assert page.evaluate(UNSTACKED_TABLES_JS) == [], path
+            if path in STACKED_PAGES or path.startswith("/runs/"):
+                tables[path] = page.evaluate(TABLES_JS)
         screenshot(page, "phone-operation")
         page.goto("/retention/")
         screenshot(page, "phone-retention")
@@ -197,6 +206,15 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server, notified
         page.goto("/notifications/deliveries/")
         assert page.locator("#deliveries tbody tr").count() == 4  # 3 webhook, 1 e-mail
         screenshot(page, "phone-deliveries")
+        page.goto(f"/runs/{run.run_id}/")
+        screenshot(page, "phone-run")
+        page.goto(f"/conflicts/{conflict.pk}/")
+        screenshot(page, "phone-conflict")
+        assert login_width <= PHONE["width"]
+        assert {path for path, found in tables.items() if not found} == {
+            "/?state=submitted&age=1h", "/approvals/"}  # nothing submitted or awaiting
+        assert {path: [t for t in found if t] for path, found in tables.items()
+                if any(found)} == {}
         assert {path: w for path, w in widths.items() if w > PHONE["width"]} == {}
     finally:
         context.close()
