@@ -1,11 +1,17 @@
 """The desk as an operator on call uses it: keyboard only, a phone, two reviewers."""
 
-import pytest
+from datetime import timedelta
 
-from ledger import claims
+import pytest
+from django.utils import timezone
+
+from demo import notifications as demo_notifications
+from ledger import approvals, claims, notifications
 from ledger.states import State
 from tests.e2e.conftest import log_in, screenshot
 from tests.factories import OperationFactory, UserFactory, ensure_roles
+from tests.ledger.test_notifications import Receiver
+from tests.review.execution_setup import busy_run, make_conflict, make_overdue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -87,8 +93,72 @@ def test_a_claim_made_in_one_browser_is_seen_in_another(chromium, live_server):
             context.close()
 
 
-def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server):
-    UserFactory(username="admin", role="admin")
+LONG_ANSWER = ("upstream-gateway-refused-the-delivery-because-the-route-is-not-configured-"
+               * 3).encode()
+
+# Every desk page an admin reaches; a page added to the desk belongs here.
+PHONE_PAGES = ["/", "/?state=submitted&age=1h", "/audit/", "/approvals/",
+               "/approvals/policies/", "/conflicts/", "/obligations/overdue/", "/retention/",
+               "/overview/", "/notifications/", "/notifications/deliveries/",
+               "/demo/webhook-catcher/"]
+
+
+# The overview's numbers (a chart's table, rows by columns) scroll inside themselves at
+# phone width; every other page's tables are cards (class stack-rows): no table scrolls
+# inside itself, and the cells of a row sit one under another.
+SCROLLED_TABLE_PAGES = {"/overview/"}
+TABLES_JS = """() => [...document.querySelectorAll('main table.grid')].map(table => {
+    const cells = [...table.querySelectorAll('tbody tr:first-child td')]
+        .filter(td => td.offsetHeight > 0);
+    const lefts = new Set(cells.map(td => Math.round(td.getBoundingClientRect().left)));
+    const where = table.closest('[id]').id + ' ' + table.className;
+    return table.scrollWidth > table.clientWidth || lefts.size > 1 ? where : '';
+})"""
+
+
+@pytest.fixture
+def notified(settings, tmp_path):
+    """A webhook channel with a long URL whose receiver refused twice with a long answer and
+    then took the batch, an e-mail channel, and a delivery the demo catcher listed."""
+    settings.LEDGER_WEBHOOK_SECRETS = {"OPS": "whsec-phone-test", "DEMO": "demo-phone-test"}
+    settings.LEDGER_WEBHOOK_ALLOW_PRIVATE = True
+    settings.DEMO_CATCHER_FILE = tmp_path / "received.jsonl"
+    receiver = Receiver(codes=[500, 502], answer=LONG_ANSWER)
+    try:
+        admin = UserFactory(username="admin", role="admin")
+        notifications.create_channel(
+            "payments-on-call-escalation-webhook", user=admin, kind="webhook",
+            url=receiver.url + "/" + "tenant-default-channel-payments-" * 4 + "?route=primary",
+            secret_name="OPS", pattern="payments.charge.*", stuck_after=timedelta(hours=4))
+        notifications.create_channel(
+            "finance-mail", user=admin, kind="email", pattern="*",
+            recipients=["payments-oncall-rotation-primary@finance.example.com",
+                        "payments-oncall-rotation-secondary@finance.example.com"])
+        OperationFactory(operation="payments.charge.card", state=State.MANUAL_REVIEW)
+        now = timezone.now()
+        notifications.collect(now=now)
+        for minutes in (0, 5, 60):
+            notifications.deliver_due(worker="phone", now=now + timedelta(minutes=minutes))
+        assert [r[0]["X-Ledger-Attempt"] for r in receiver.requests] == ["1", "2", "3"]
+    finally:
+        receiver.close()
+    demo_notifications.store({
+        "received_at": "2026-12-03T18:00:00+00:00", "delivery": "17", "attempt": "1",
+        "signature_verified": True,
+        "payload": {"total": 1, "tenant": "default", "channel": "demo-catcher",
+                    "counts": {"queue": 1}, "more": 0,
+                    "items": [{"url": "http://127.0.0.1:8000/operations/"
+                                      "20261203T180000Z-1fd54b31a2/",
+                               "kind": "operation", "reason": "queue",
+                               "operation": "articles.create.with-a-long-operation-name",
+                               "id": "20261203T180000Z-1fd54b31a2",
+                               "reason_label": "entered the review queue",
+                               "waiting_since": "2026-12-03T17:59:58+00:00"}]},
+    })
+    return admin
+
+
+def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server, notified):
     op = OperationFactory(
         state=State.MANUAL_REVIEW,
         target="https://articles.example/api/articles/" + "very-long-segment-" * 8,
@@ -97,26 +167,76 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server):
         OperationFactory(state=State.OUTCOME_UNKNOWN)
     claims.add_note(op, user=UserFactory(username="ada", role="reviewer"),
                     text="a long note without spaces " + "y" * 300)
+    approvals.set_policy("payments.refund.*", user=notified, approvals_needed=2,
+                         ttl=timedelta(hours=24), consequential=True)
+    run, _ = busy_run("run-reconcile-the-march-invoices-of-every-subsidiary", extra_rows=3)
+    make_overdue(run, "email:payment-reminder:" + "subsidiary-" * 6)
+    conflict = make_conflict("invoice:2026-03-" + "0042-" * 8, run=run,
+                             candidate={"paid": True, "memo": "wire ref " + "Z" * 120})
     context = chromium.new_context(base_url=live_server.url, viewport=PHONE)
     try:
         page = context.new_page()
+        page.goto("/accounts/login/")
+        login_width = page.evaluate("document.documentElement.scrollWidth")
         log_in(page, "admin")
-        pages = ["/", "/?state=submitted&age=1h", f"/operations/{op.operation_id}/",
-                 "/audit/", "/approvals/", "/approvals/policies/", "/conflicts/",
-                 "/obligations/overdue/", "/retention/", "/overview/"]
-        widths = {}
+        pages = [*PHONE_PAGES, f"/operations/{op.operation_id}/",
+                 f"/conflicts/{conflict.pk}/", f"/runs/{run.run_id}/"]
+        widths, tables = {}, {}
         for path in pages:
-            page.goto(path)
+            response = page.goto(path)
+            assert response.status == 200, path
             widths[path] = page.evaluate("document.documentElement.scrollWidth")
+            if path not in SCROLLED_TABLE_PAGES:
+                tables[path] = page.evaluate(TABLES_JS)
+        page.goto(f"/operations/{op.operation_id}/")
+        screenshot(page, "phone-operation")
+        page.goto("/retention/")
         screenshot(page, "phone-retention")
+        page.goto("/approvals/policies/")
+        screenshot(page, "phone-approval-policies")
         page.goto("/overview/")
         assert page.locator("svg.chart-svg").count() == 2
         screenshot(page, "phone-overview")
+        page.goto("/audit/")
+        assert page.locator("#unsealed + ul.unsealed li").count() >= 1
+        screenshot(page, "phone-audit")
         page.goto("/")
         screenshot(page, "phone-queue")
+        page.goto("/notifications/")
+        assert page.locator("#channels table.policies tbody tr").count() == 2
+        screenshot(page, "phone-notifications")
+        page.goto("/demo/webhook-catcher/")
+        assert "20261203T180000Z-1fd54b31a2" in page.locator("#received").inner_text()
+        screenshot(page, "phone-webhook-catcher")
+        page.goto("/notifications/deliveries/")
+        assert page.locator("#deliveries tbody tr").count() == 4  # 3 webhook, 1 e-mail
+        screenshot(page, "phone-deliveries")
+        page.goto(f"/runs/{run.run_id}/")
+        screenshot(page, "phone-run")
+        page.goto(f"/conflicts/{conflict.pk}/")
+        screenshot(page, "phone-conflict")
+        assert login_width <= PHONE["width"]
+        assert {path for path, found in tables.items() if not found} == {
+            "/?state=submitted&age=1h", "/approvals/",  # nothing submitted or awaiting
+            f"/conflicts/{conflict.pk}/", "/demo/webhook-catcher/"}  # no table there
+        assert {path: [t for t in found if t] for path, found in tables.items()
+                if any(found)} == {}
         assert {path: w for path, w in widths.items() if w > PHONE["width"]} == {}
     finally:
         context.close()
+
+
+def test_the_skip_link_comes_first_on_every_desk_page(browser_page, notified):
+    page = browser_page
+    log_in(page, "admin")
+    for path in PHONE_PAGES:
+        page.goto(path)
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.className") == "skip-link", path
+        page.keyboard.press("Enter")
+        assert page.evaluate("document.activeElement.id") == "main", path
+        assert page.locator("main h1").count() == 1, path
+    assert page.console_errors == []
 
 
 def test_an_item_is_resolved_with_the_keyboard_alone(browser_page):
