@@ -26,7 +26,7 @@ migrate: install
 # /demo/webhook-catcher/) and is stopped when the server stops.
 demo: migrate
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed
-	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py notify --interval 5 & \
+	(sleep 3; LEDGER_DESK_URL=http://127.0.0.1:$(PORT) exec $(PY) manage.py notify --interval 5) & \
 	notify_pid=$$!; $(PY) manage.py seal --interval 1 >/dev/null & seal_pid=$$!; \
 	trap 'kill $$notify_pid $$seal_pid 2>/dev/null; wait $$notify_pid $$seal_pid 2>/dev/null' EXIT; \
 	$(PY) manage.py runserver 127.0.0.1:$(PORT)
