@@ -31,11 +31,11 @@ from bench.common import (
 from bench.p2_queue import reset, seed
 
 SCALES = {"quick": 100_000, "full": 1_000_000}
-BATCH = 500  # manage.py purge's default; it also pauses retention.POLITE_PAUSE per batch
 
 
 def purge_process(ready, start, results) -> None:
-    """Purge everything due in batches of BATCH; report each batch's duration."""
+    """Purge everything due as `manage.py purge` does by default (its batch size and pause);
+    report each batch's duration."""
     setup_django()
     from ledger import retention
 
@@ -52,7 +52,7 @@ def purge_process(ready, start, results) -> None:
     ready.put("ready")
     start.wait()
     last[0] = time.perf_counter()
-    retention.purge(actor="bench-p5", batch=BATCH, progress=on_progress, pause=pause)
+    retention.purge(actor="bench-p5", progress=on_progress, pause=pause)
     results.put(batch_times)
 
 
@@ -111,7 +111,7 @@ def main() -> dict:
     agent(baseline, lambda: len(baseline.samples) < calls)
 
     p99_ratio = during.percentile(0.99) / baseline.percentile(0.99)
-    print_table(f"P5 purge of {n:,} resolved operations (batches of {BATCH}, "
+    print_table(f"P5 purge of {n:,} resolved operations (batches of {retention.DEFAULT_BATCH}, "
                 f"{pause_ms:.0f} ms apart)", [
         ("purge", f"{len(batch_times)} batches in {purge_seconds:.1f} s: "
                   f"{len(batch_times) / purge_seconds:.1f} batches/s"),
@@ -126,7 +126,7 @@ def main() -> dict:
         ("ratio p99 during / alone", f"{p99_ratio:.2f}x"),
     ])
     summary = {
-        "scale": args.scale, "operations": n, "batch": BATCH, "ratio": p99_ratio,
+        "scale": args.scale, "operations": n, "batch": retention.DEFAULT_BATCH, "ratio": p99_ratio,
         "pause_ms": pause_ms,
         "batches_per_s": len(batch_times) / purge_seconds,
         "longest_batch_ms": max(batch_times) * 1000,

@@ -22,8 +22,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--dry-run", action="store_true",
                             help="count what would be purged and redacted; change nothing")
-        parser.add_argument("--batch", type=int, default=500,
-                            help="operations per transaction (default 500)")
+        parser.add_argument("--batch", type=int, default=retention.DEFAULT_BATCH,
+                            help="operations per transaction (default "
+                                 f"{retention.DEFAULT_BATCH})")
         parser.add_argument("--pause-ms", type=int, default=DEFAULT_PAUSE_MS,
                             help="milliseconds to wait after each batch, so agents writing "
                                  f"meanwhile keep their latency (default {DEFAULT_PAUSE_MS}; "
