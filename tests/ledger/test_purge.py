@@ -156,6 +156,28 @@ def test_purge_skips_a_row_another_transaction_holds_and_takes_it_on_the_next_ru
 
 
 @pytest.mark.django_db(transaction=True)
+def test_each_batch_starts_after_the_last_one_picked_and_what_it_passed_waits_for_next_run():
+    user = retention_admin()
+    retention.set_policy("*", purge_after_days=30, user=user)
+    ops = [aged(State.SUCCEEDED, 50 - i) for i in range(6)]  # oldest first
+    picks = []
+    with connection.execute_wrapper(
+            lambda execute, sql, params, many, context: (
+                picks.append(params) if "FOR UPDATE SKIP LOCKED" in sql else None,
+                execute(sql, params, many, context))[1]):
+        with raw_connection() as other:
+            with other.transaction():  # the oldest is locked while the first batch runs
+                other.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE",
+                              [ops[0].pk])
+                purged = retention.purge(actor="test", batch=2).purged_operation_ids
+    assert purged == sorted(o.operation_id for o in ops[1:])  # in batches of 2, 2, 1
+    # the first pick starts from the oldest; each later one after the last row picked
+    assert len(picks) == 4 and ops[2].pk in picks[1] and ops[4].pk in picks[2]
+    assert ops[0].pk not in [p for params in picks for p in params]
+    assert retention.purge(actor="test").purged_operation_ids == [ops[0].operation_id]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_row_being_corrected_during_the_purge_is_skipped_and_then_no_longer_old_enough():
     """The rule is evaluated on the row as it is when the purge takes it, not as counted."""
     user = retention_admin()

@@ -240,7 +240,7 @@ def test_purge_seals_first_and_the_function_refuses_an_unsealed_operation():
     assert Operation.objects.filter(pk=old.pk).exists()
     # The batch picker skips it (as it skips what commits after purge's own seal)...
     ordered = retention.policies_by_specificity()
-    assert retention._purge_batch(run, ordered[0], ordered, timezone.now(), 10) == []
+    assert retention._purge_batch(run, ordered[0], ordered, timezone.now(), 10, None) == ([], None)
     # ...and purge seals first, so it goes.
     retention.purge(actor="test")
     assert not Operation.objects.filter(pk=old.pk).exists()
