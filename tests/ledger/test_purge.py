@@ -170,11 +170,42 @@ def test_each_batch_starts_after_the_last_one_picked_and_what_it_passed_waits_fo
                 other.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE",
                               [ops[0].pk])
                 purged = retention.purge(actor="test", batch=2).purged_operation_ids
-    assert purged == sorted(o.operation_id for o in ops[1:])  # in batches of 2, 2, 1
+    # in batches of 2, 2, 1 (identifiers of one second sort by their random tail)
+    assert sorted(purged) == sorted(o.operation_id for o in ops[1:])
     # the first pick starts from the oldest; each later one after the last row picked
     assert len(picks) == 4 and ops[2].pk in picks[1] and ops[4].pk in picks[2]
     assert ops[0].pk not in [p for params in picks for p in params]
     assert retention.purge(actor="test").purged_operation_ids == [ops[0].operation_id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_agents_commit_during_a_purge_is_sealed_before_the_next_batch(thirty_days):
+    ops = [aged(State.SUCCEEDED, 40) for _ in range(4)]
+    written = []
+
+    def agent_writes_after_each_batch(message):
+        if "so far" in message:
+            written.append(receipts.record_intent(
+                "email.send", "smtp://mail.example", {"n": len(written)},
+                idempotency_key=f"during-purge-{len(written)}"))
+
+    result = retention.purge(actor="test", batch=2, progress=agent_writes_after_each_batch)
+    assert sorted(result.purged_operation_ids) == sorted(o.operation_id for o in ops)
+    assert len(result.batch_seconds) == 2 and all(s > 0 for s in result.batch_seconds)
+    # each write was sealed before the purge looked for its next batch (the purge's own
+    # seal at its start ran before both)
+    events = OperationEvent.objects.filter(operation__in=written)
+    assert events.count() == 2 and not events.filter(chain_seq=None).exists()
+    assert chain.verify(actor="test").is_intact
+
+
+@pytest.mark.django_db
+def test_the_purge_command_reports_its_batches_and_the_longest(thirty_days, capsys):
+    for _ in range(3):
+        aged(State.SUCCEEDED, 40)
+    call_command("purge", "--batch", "2", actor="cron")
+    assert "purged 3 operations, redacted 0, in 1 policies; 2 batches, the longest " in (
+        capsys.readouterr().out)
 
 
 @pytest.mark.django_db(transaction=True)

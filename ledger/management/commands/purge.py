@@ -52,4 +52,6 @@ class Command(BaseCommand):
             f"{'would redact' if dry_run else 'redacted'} "
             f"{sum(r.operations_redacted for r in result.runs)}, "
             f"in {len(result.runs)} policies"
+            + (f"; {len(result.batch_seconds)} batches, the longest "
+               f"{max(result.batch_seconds) * 1000:.0f} ms" if result.batch_seconds else "")
         )
