@@ -75,13 +75,27 @@ def role_of(user) -> str:
 @register.simple_tag
 def ago(when):
     """`<time>` saying how long ago `when` was ("3 min ago", "in 12 min" for a time still
-    ahead), with the absolute UTC time in `datetime` and on hover."""
+    ahead), with the absolute UTC time in `datetime` and on hover (the desk's script turns
+    the hover text into the reviewer's time zone)."""
     if when is None:
         return "—"
     seconds = int((timezone.now() - when).total_seconds())
     words = stuck_for(timezone.now() - timedelta(seconds=abs(seconds)))
     text = "just now" if abs(seconds) < 10 else (
         f"{words} ago" if seconds >= 0 else f"in {words}")
+    return _time_element(when, text)
+
+
+@register.simple_tag
+def waited(since):
+    """`<time>` saying how long since `since`, coarsely ("3 h", as `stuck_for`), with the
+    absolute time on hover (UTC here; the desk's script shows the reviewer's time zone)."""
+    if since is None:
+        return ""
+    return _time_element(since, stuck_for(since))
+
+
+def _time_element(when, text: str) -> str:
     utc = when.astimezone(UTC)
     return format_html('<time datetime="{}" title="{} UTC">{}</time>',
                        utc.isoformat(), utc.strftime("%Y-%m-%d %H:%M:%S"), text)

@@ -1,6 +1,6 @@
 """The desk as an operator on call uses it: keyboard only, a phone, two reviewers."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -61,7 +61,8 @@ def test_keyboard_only_moves_through_the_queue_and_opens_an_item(browser_page):
     page.focus("#claim-button")
     page.keyboard.press("Enter")
     page.locator("#decision [data-claimed-by='reviewer']").wait_for()
-    assert page.evaluate("document.activeElement !== document.body")
+    # put back when htmx settles the swap, a moment after the new content shows
+    page.wait_for_function("document.activeElement !== document.body", timeout=5000)
     assert page.console_errors == []
 
 
@@ -265,4 +266,37 @@ def test_an_item_is_resolved_with_the_keyboard_alone(browser_page):
     page.locator("#decision >> text=Recorded: Abandon").wait_for()
     op.refresh_from_db()
     assert op.state == State.ABANDONED
-    assert page.evaluate("document.activeElement !== document.body")
+    # focus is put back when htmx settles the swap, a moment after the new text shows
+    page.wait_for_function("document.activeElement !== document.body", timeout=5000)
+
+
+def test_times_show_the_absolute_time_in_the_reviewers_time_zone_on_hover(chromium, live_server):
+    UserFactory(username="reviewer", role="reviewer")
+    waiting = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    review = OperationFactory(state=State.MANUAL_REVIEW)
+    context = chromium.new_context(base_url=live_server.url, locale="en-US",
+                                   timezone_id="Asia/Tokyo")  # UTC+9, no summer time
+    try:
+        page = context.new_page()
+        log_in(page, "reviewer")
+
+        def hover_texts():
+            return page.eval_on_selector_all(
+                "#results time[datetime]",
+                "els => els.map(el => [el.getAttribute('datetime'), el.title])")
+
+        def assert_tokyo(found):
+            assert found
+            for utc_text, title in found:
+                tokyo = (datetime.fromisoformat(utc_text) + timedelta(hours=9))
+                assert title.endswith("GMT+9") and tokyo.strftime("%I:%M:%S") in title, (
+                    f"expected {utc_text} shown in Tokyo time, found {title!r}")
+
+        assert_tokyo(hover_texts())
+        # a fragment htmx swaps in gets the same
+        page.select_option("#id_state", "manual_review")
+        page.locator(f"#results >> text={waiting.operation_id}").wait_for(state="detached")
+        page.locator(f"#results >> text={review.operation_id}").wait_for()
+        assert_tokyo(hover_texts())
+    finally:
+        context.close()

@@ -14,6 +14,10 @@
  * loaded at once only while the reviewer is not working in them (nothing ticked, no row
  * selected, no focus inside the list, no decision form in use); otherwise the notice's
  * "show" link waits for them. Ticked boxes survive a refresh of the rows.
+ *
+ * Times: the server writes each <time> relative ("3 min ago") with the absolute time in
+ * UTC on hover; here the hover text becomes the reviewer's own time zone (the browser's),
+ * on load and in every fragment htmx swaps in. Without script the UTC title stays.
  */
 (function () {
   "use strict";
@@ -228,5 +232,30 @@
     document.querySelectorAll("input[form=bulk-form][name=items]").forEach(function (box) {
       if (keep.indexOf(box.value) >= 0) { box.checked = true; }
     });
+  });
+
+  var localFormat = null;
+  try {
+    localFormat = new Intl.DateTimeFormat(undefined, {
+      year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+      second: "2-digit", timeZoneName: "short"});
+  } catch (error) { localFormat = null; }
+
+  function localTimes(root) {
+    if (!localFormat || !root || !root.querySelectorAll) { return; }
+    root.querySelectorAll("time[datetime]").forEach(function (el) {
+      var when = new Date(el.getAttribute("datetime"));
+      if (isNaN(when.getTime())) { return; }
+      el.title = localFormat.format(when);
+    });
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
+  } else {
+    localTimes(document);
+  }
+  document.addEventListener("htmx:afterSettle", function (event) {
+    localTimes(event.target);
   });
 })();
