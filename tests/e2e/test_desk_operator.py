@@ -281,6 +281,10 @@ def test_times_show_the_absolute_time_in_the_reviewers_time_zone_on_hover(chromi
         log_in(page, "reviewer")
 
         def hover_texts():
+            # rewritten on load and when htmx settles a swap, a moment after the rows show
+            page.wait_for_function(
+                "[...document.querySelectorAll('#results time[datetime]')]"
+                ".every(el => !el.title.endsWith(' UTC'))", timeout=5000)
             return page.eval_on_selector_all(
                 "#results time[datetime]",
                 "els => els.map(el => [el.getAttribute('datetime'), el.title])")
