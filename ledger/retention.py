@@ -468,7 +468,7 @@ def _purge_batch(run, policy, ordered, now, batch, after):
     # counts what it removed on the run, as the tables' owner.
     where, params = _purgeable_sql(policy, ordered, now)
     return _sanctioned_batch(run, (where + _SEALED_SQL, params), batch, "ledger_retention_purge",
-                             after)
+                             after, wait_for_flush=False)
 
 
 # The purge anchors the chain where it deletes links (ledger.chain): an event the sealer has
@@ -482,7 +482,7 @@ _SEALED_SQL = (" AND o.id NOT IN (SELECT e.operation_id FROM ledger_operationeve
                " WHERE e.chain_seq IS NULL)")
 
 
-def _sanctioned_batch(run, rule, batch, function: str, after):
+def _sanctioned_batch(run, rule, batch, function: str, after, *, wait_for_flush=True):
     """Pick and lock one batch by `rule` (where, params), hand it to the SECURITY DEFINER
     `function` (purge or redact), and return the operation ids it did and where the next
     batch starts. Rows locked by others wait for the next run; locked, a settled receipt
@@ -493,12 +493,24 @@ def _sanctioned_batch(run, rule, batch, function: str, after):
     entries until vacuum, and a picker starting from the oldest again walked past all of
     them (at 1M operations the pick grew to 300-550 ms a batch, bench P5). What it passes
     over (locked, held, not yet sealed) waits for the next run, as locked rows always did.
+
+    `wait_for_flush=False` commits the batch without waiting for its WAL to reach the disk
+    (`synchronous_commit = off` for this transaction alone). A purge batch can: after a
+    crash of the server, a batch whose WAL was not yet written is simply not done, wholly
+    (rows, anchor and the run's counts are one transaction), and the next run removes the
+    rows again. PostgreSQL writes WAL in order, so the first synchronous commit after the
+    batch (the sealing before the next batch when there is anything to seal, the run's
+    `finished_at` at the latest) makes it durable: `purge` returns only after that. What
+    it buys: a batch's COMMIT no longer waits out the disk's fsync stalls, which held its
+    rows locked for 75-250 ms in some runs of bench P5 (docs/SCALING.md).
     """
     where, params = rule
     if after is not None:
         where += " AND o.completed_at >= %s AND (o.completed_at, o.id) > (%s, %s)"
         params = [*params, after[0], after[0], after[1]]
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        if not wait_for_flush:
+            cursor.execute("SET LOCAL synchronous_commit = off")
         cursor.execute(
             f"SELECT o.id, o.completed_at FROM ledger_operation o WHERE {where} "
             "ORDER BY o.completed_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED",

@@ -199,6 +199,55 @@ def test_what_agents_commit_during_a_purge_is_sealed_before_the_next_batch(thirt
     assert chain.verify(actor="test").is_intact
 
 
+def _watch_sanctioned_functions(seen):
+    """An execute wrapper noting each purge or redact function call with the
+    synchronous_commit of its transaction."""
+    def watch(execute, sql, params, many, context):
+        if sql.startswith("SELECT ledger_retention_"):
+            with context["connection"].cursor() as cursor:
+                cursor.execute("SELECT current_setting('synchronous_commit')")
+                seen.append((sql.split("(")[0].removeprefix("SELECT "), cursor.fetchone()[0]))
+        return execute(sql, params, many, context)
+    return watch
+
+
+@pytest.mark.django_db(transaction=True)
+def test_purge_batches_do_not_wait_for_the_wal_flush_but_the_purge_returns_durable():
+    retention.set_policy("*", purge_after_days=30, redact_after_days=None,
+                         user=retention_admin())
+    for _ in range(3):
+        aged(State.SUCCEEDED, 40)
+    seen, written = [], []
+
+    def after_batch(message):  # where the WAL ends after each batch's commit
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_insert_lsn()")
+            written.append(cursor.fetchone()[0])
+
+    with connection.execute_wrapper(_watch_sanctioned_functions(seen)):
+        result = retention.purge(actor="test", batch=2, progress=after_batch)
+    assert len(result.purged_operation_ids) == 3
+    assert seen == [("ledger_retention_purge", "off")] * 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('synchronous_commit'), "
+                       "pg_current_wal_flush_lsn() >= %s::pg_lsn", [written[-2]])
+        # the setting ended with each batch's transaction, and the last batch was on disk
+        # when the purge returned (the run's synchronous finish flushed the WAL before it)
+        assert cursor.fetchone() == ("on", True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redaction_batch_still_waits_for_the_wal_flush():
+    retention.set_policy("*", purge_after_days=30, redact_after_days=10, user=retention_admin())
+    aged(State.SUCCEEDED, 40)
+    aged(State.SUCCEEDED, 20)
+    seen = []
+    with connection.execute_wrapper(_watch_sanctioned_functions(seen)):
+        result = retention.purge(actor="test")
+    assert len(result.purged_operation_ids) == len(result.redacted_operation_ids) == 1
+    assert seen == [("ledger_retention_purge", "off"), ("ledger_retention_redact", "on")]
+
+
 @pytest.mark.django_db
 def test_the_purge_command_reports_its_batches_and_the_longest(thirty_days, capsys):
     for _ in range(3):
