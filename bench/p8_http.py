@@ -8,6 +8,11 @@ the claim is the ratio of the median lifecycles (HTTP / in process), the ratio o
 totals beside it. Each HTTP request also authenticates its key and fetches the operation
 it names (the marks: both in one statement), which the in-process agent, holding the
 object, does not.
+
+A third side sends the same three POSTs with the same client to the same uvicorn serving
+an app that does nothing (`bench/p8_floor.py`): the transport's floor (client library,
+loopback, uvicorn, event loop). It is printed and recorded beside the claim, with what the
+API adds above it, so that a ratio can be read as transport and API apart.
 """
 
 from __future__ import annotations
@@ -41,17 +46,32 @@ from bench.p2_queue import reset
 SCALES = {"quick": 300, "full": 2000}
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(app: str = "config.asgi:application") -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+        [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log"],
         cwd=ROOT, env={**os.environ, "DJANGO_DEBUG": "0"},  # as served: no query log
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     return server, f"http://127.0.0.1:{port}"
+
+
+def wait_until_serving(client, path: str, process: subprocess.Popen) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if client.get(path).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("expected the uvicorn server to start, found it down")
+        time.sleep(0.2)
 
 
 def main() -> dict:
@@ -68,19 +88,15 @@ def main() -> dict:
     _, secret = agent_keys.create(f"bench-p7-{run}", tenants=["default"], user=ShellOperator())
     quiet_server()
     server, url = start_server()
+    floor_server, floor_url = start_server("bench.p8_floor:application")
     client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"},
                           timeout=30)
+    floor_client = httpx.Client(base_url=floor_url,
+                                headers={"Authorization": f"Bearer {secret}"}, timeout=30)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if client.get("/api/v1/openapi.json").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("expected the uvicorn server to start, found it down")
-            time.sleep(0.2)
+        for side, path, process in ((client, "/api/v1/openapi.json", server),
+                                    (floor_client, "/", floor_server)):
+            wait_until_serving(side, path, process)
 
         n = SCALES[args.scale]
         counter = itertools.count()
@@ -96,7 +112,7 @@ def main() -> dict:
             receipts.mark_submitted(op, actor="bench")
             receipts.mark_succeeded(op, external_id=f"ext-{i}", actor="bench")
 
-        def over_http():
+        def over_http(client=client):
             i = next(counter)
             r = client.post("/api/v1/operations", json={
                 "operation": "bench.http", "target": "https://cms.example/api",
@@ -109,15 +125,21 @@ def main() -> dict:
                 raise SystemExit(f"expected 201, 200, 200, found {r.status_code} "
                                  f"{r2.status_code} {r3.status_code}: {r3.text[:300]}")
 
-        for _ in range(20):  # warm caches, plans and connections on both sides
+        def transport_only():
+            over_http(floor_client)
+
+        for _ in range(20):  # warm caches, plans and connections on every side
             in_process()
             over_http()
-        local, http = Stopwatch("in process"), Stopwatch("http")
-        interleave(n, [(local, in_process), (http, over_http)])
+            transport_only()
+        local, http, floor = Stopwatch("in process"), Stopwatch("http"), Stopwatch("floor")
+        interleave(n, [(local, in_process), (http, over_http), (floor, transport_only)])
     finally:
         client.close()
-        server.terminate()
-        server.wait(timeout=30)
+        floor_client.close()
+        for process in (server, floor_server):
+            process.terminate()
+            process.wait(timeout=30)
         agent_keys.revoke(f"bench-p7-{run}", user=ShellOperator())
         connection.close()
 
@@ -129,6 +151,9 @@ def main() -> dict:
         "http_median_ms": http.median * 1000,
         "in_process_median_ms": local.median * 1000,
         "http_p99_ms": http.percentile(0.99) * 1000,
+        # the same client and server with an app that does nothing (bench/p8_floor.py)
+        "transport_median_ms": floor.median * 1000,
+        "transport_ratio": floor.median / local.median,
     }
     print_table(f"P8 lifecycle over HTTP, {n} operations each", [
         ("in process (ledger API)", f"{n / local.total:8.0f} ops/s, median {ms(local.median)}"),
@@ -136,6 +161,9 @@ def main() -> dict:
                                            f"median {ms(http.median)}"),
         ("ratio HTTP / in process", f"{summary['ratio']:.2f}x of the medians, "
                                     f"{summary['ratio_of_totals']:.2f}x of the totals"),
+        ("floor: same 3 POSTs, empty app", f"median {ms(floor.median)}, "
+                                           f"{summary['transport_ratio']:.2f}x in process"),
+        ("the API above the floor", f"{ms(http.median - floor.median)} a lifecycle"),
     ])
     record("P8", summary)
     return summary
