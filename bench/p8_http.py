@@ -85,7 +85,7 @@ def main() -> dict:
 
     reset()
     run = uuid.uuid4().hex[:10]  # keys never collide with an earlier run's
-    _, secret = agent_keys.create(f"bench-p7-{run}", tenants=["default"], user=ShellOperator())
+    _, secret = agent_keys.create(f"bench-p8-{run}", tenants=["default"], user=ShellOperator())
     quiet_server()
     server, url = start_server()
     floor_server, floor_url = start_server("bench.p8_floor:application")
@@ -108,7 +108,7 @@ def main() -> dict:
         def in_process():
             i = next(counter)
             op = receipts.record_intent("bench.http", "https://cms.example/api", intent(i),
-                                        idempotency_key=f"p7-{run}-{i}", actor="bench")
+                                        idempotency_key=f"p8-{run}-{i}", actor="bench")
             receipts.mark_submitted(op, actor="bench")
             receipts.mark_succeeded(op, external_id=f"ext-{i}", actor="bench")
 
@@ -116,7 +116,7 @@ def main() -> dict:
             i = next(counter)
             r = client.post("/api/v1/operations", json={
                 "operation": "bench.http", "target": "https://cms.example/api",
-                "intent": intent(i), "idempotency_key": f"p7-{run}-{i}"})
+                "intent": intent(i), "idempotency_key": f"p8-{run}-{i}"})
             operation_id = r.json()["operation_id"]
             r2 = client.post(f"/api/v1/operations/{operation_id}/submitted", json={})
             r3 = client.post(f"/api/v1/operations/{operation_id}/succeeded",
@@ -140,7 +140,7 @@ def main() -> dict:
         for process in (server, floor_server):
             process.terminate()
             process.wait(timeout=30)
-        agent_keys.revoke(f"bench-p7-{run}", user=ShellOperator())
+        agent_keys.revoke(f"bench-p8-{run}", user=ShellOperator())
         connection.close()
 
     summary = {
