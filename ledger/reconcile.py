@@ -373,27 +373,32 @@ def claim_next(
 # Due: reconciling whose lease has expired (its worker died; few rows, each looked up in
 # the lease's unique index), then outcome_unknown whose next attempt has come (in claim
 # order straight from the partial index operation_due_idx, so a claim reads one row rather
-# than sorting every due one). Written out once and prepared: every worker runs them before
-# every operation, and compiling them through the ORM cost more CPU than the rest of a claim.
-_CLAIM_ORPHANED = f"""
-    SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
-     WHERE state = '{State.RECONCILING}'
-       AND NOT EXISTS (SELECT 1 FROM ledger_lease
-                        WHERE resource = 'reconcile:' || ledger_operation.operation_id
-                          AND expires_at > statement_timestamp())
-       AND NOT (id = ANY(%s::bigint[]))
-     ORDER BY id
-     LIMIT 1
-       FOR UPDATE OF ledger_operation SKIP LOCKED
-"""
-_CLAIM_UNKNOWN = f"""
-    SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
-     WHERE state = '{State.OUTCOME_UNKNOWN}'
-       AND (next_attempt_at IS NULL OR next_attempt_at <= %s)
-       AND NOT (id = ANY(%s::bigint[]))
-     ORDER BY next_attempt_at ASC NULLS FIRST, id
-     LIMIT 1
-       FOR UPDATE OF ledger_operation SKIP LOCKED
+# than sorting every due one). One statement, written out once and prepared: every worker
+# runs it before every operation, and compiling it through the ORM cost more CPU than the
+# rest of a claim. The second look runs only when the first found nothing (its one-time
+# filter), so a claim locks one row at most.
+_CLAIM = f"""
+    WITH orphaned AS MATERIALIZED (
+        SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
+         WHERE state = '{State.RECONCILING}'
+           AND NOT EXISTS (SELECT 1 FROM ledger_lease
+                            WHERE resource = 'reconcile:' || ledger_operation.operation_id
+                              AND expires_at > statement_timestamp())
+           AND NOT (id = ANY(%(skip)s::bigint[]))
+         ORDER BY id
+         LIMIT 1
+           FOR UPDATE OF ledger_operation SKIP LOCKED
+    ), due AS MATERIALIZED (
+        SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
+         WHERE NOT EXISTS (SELECT 1 FROM orphaned)
+           AND state = '{State.OUTCOME_UNKNOWN}'
+           AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
+           AND NOT (id = ANY(%(skip)s::bigint[]))
+         ORDER BY next_attempt_at ASC NULLS FIRST, id
+         LIMIT 1
+           FOR UPDATE OF ledger_operation SKIP LOCKED
+    )
+    SELECT * FROM orphaned UNION ALL SELECT * FROM due
 """
 
 
@@ -401,11 +406,8 @@ def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | 
     with transaction.atomic(durable=True):
         excluded = sorted(skip)
         with prepared_cursor() as cursor:
-            cursor.execute(_CLAIM_ORPHANED, [excluded])
+            cursor.execute(_CLAIM, {"skip": excluded, "now": timezone.now()})
             row = cursor.fetchone()
-            if row is None:
-                cursor.execute(_CLAIM_UNKNOWN, [timezone.now(), excluded])
-                row = cursor.fetchone()
         if row is None:
             return None
         op = rows.operation_from_row(row)

@@ -3,9 +3,11 @@
 One change reads top to bottom in `_apply`:
 
 1. validate: a saved operation, a known state, a move `ledger.states.TRANSITIONS` allows;
-2. check the fence: a write that carries a fencing token is checked against its lease (the
-   run's `run:<run_id>`, or the reconciler's `reconcile:<operation_id>`) in the same
-   transaction; an agent's change of an operation whose run is leased must carry one;
+2. check the fence: an agent's write that carries a fencing token is checked against its
+   run's lease `run:<run_id>` in the same transaction, and an agent's change of an
+   operation whose run is leased must carry one. A reconciler's token is checked by
+   PostgreSQL alone (`event_reconciler_fenced`, against `reconcile:<operation_id>`): its
+   caller took or released that lease in the same transaction, which locked the row;
 3. build the event: who, why, the evidence (secrets masked), the token, the time;
 4. run `CHANGE_OPERATION`, one SQL statement whose CTEs are the row's compare-and-set on
    (state, version), the duplicate mark of a move to succeeded, and the event. They cannot
@@ -53,8 +55,8 @@ These statements run on every receipt, so they are bound on the server and prepa
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -66,7 +68,7 @@ from ledger.canonical import redact, scrub_text
 from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
 from ledger.inputs import check_json, check_user, storable
 from ledger.models import Evidence, Operation, OperationEvent
-from ledger.models.operations import Conflict
+from ledger.models.operations import FENCE_HINT, Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
 
@@ -201,12 +203,17 @@ def by_reconciler(
 ) -> Operation:
     """A reconciler's claim or verdict, fenced by its lease `resource` (in the caller's
     transaction); a human decision is refused. `evidence_row`, the Evidence row the caller
-    wrote in this transaction, is sealed by the event (`ledger.chain.evidence_seal`)."""
+    wrote in this transaction, is sealed by the event (`ledger.chain.evidence_seal`).
+
+    The caller took (`leases.acquire`) or released (`leases.release`, which checks the
+    token) the lease in this transaction; PostgreSQL checks the event's token against it
+    (`event_reconciler_fenced`) and StaleFencingToken is raised when it is not current."""
     _refuse_human_decision(op, to_state, found=f"reconciler {worker} trying to")
-    return _apply(op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=worker,
-                  reason=reason, fencing_token=token, fencing_resource=resource,
-                  expected_version=expected_version, changes=changes, evidence=evidence,
-                  evidence_row=evidence_row)
+    _check_reconciler_lease(op, resource)
+    with _reconciler_fence():
+        return _apply(op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=worker,
+                      reason=reason, fencing_token=token, expected_version=expected_version,
+                      changes=changes, evidence=evidence, evidence_row=evidence_row)
 
 
 def by_sweep(op: Operation, *, reason: str, evidence: Any) -> Operation:
@@ -251,12 +258,33 @@ def reread_by_reconciler(
     when nothing new was found), the next re-read (`reread_due_at`, None when done) and the
     failures in a row, with an event sealing `evidence_row`, so that every re-read is in
     the chain."""
-    leases.check(resource, token)
-    return _apply_flag(op, conflict, actor_kind=ActorKind.RECONCILER, actor_id=worker,
-                       reason=reason, evidence=evidence, fencing_token=token,
-                       evidence_row=evidence_row,
-                       changes={"reread_due_at": reread_due_at,
-                                "reconcile_failures": reconcile_failures})
+    _check_reconciler_lease(op, resource)
+    with _reconciler_fence():
+        return _apply_flag(op, conflict, actor_kind=ActorKind.RECONCILER, actor_id=worker,
+                           reason=reason, evidence=evidence, fencing_token=token,
+                           evidence_row=evidence_row,
+                           changes={"reread_due_at": reread_due_at,
+                                    "reconcile_failures": reconcile_failures})
+
+
+def _check_reconciler_lease(op: Operation, resource: str) -> None:
+    """The lease a reconciler's change is fenced by is its operation's, and no other."""
+    if isinstance(op, Operation) and resource != f"reconcile:{op.operation_id}":
+        raise InvalidInput(f"expected the lease reconcile:{op.operation_id} to fence a "
+                           f"reconciler's change of its operation, found {resource!r}")
+
+
+@contextmanager
+def _reconciler_fence() -> Iterator[None]:
+    """PostgreSQL's refusal of a reconciler's stale token, as StaleFencingToken."""
+    try:
+        yield
+    except IntegrityError as exc:
+        diag = getattr(exc.__cause__, "diag", None)
+        if diag is None or diag.message_hint != FENCE_HINT:
+            raise
+        current = int(diag.message_detail) if diag.message_detail else None
+        raise StaleFencingToken(diag.message_primary, current_token=current) from exc
 
 
 def by_denial(op: Operation, *, user, reason: str, expected_version: int | None = None
@@ -374,7 +402,6 @@ def _apply(
     fencing_token: int | None = None,
     expected_version: int | None = None,
     changes: Mapping[str, Any] | None = None,
-    fencing_resource: str | None = None,
     fenced: bool = False,
     decided_by: int | None = None,
     evidence_row: Evidence | None = None,
@@ -383,10 +410,10 @@ def _apply(
 
     Behind the functions above, which decide who may make the move. Compare-and-set on
     (state, version): raises IllegalTransition when the table forbids the move,
-    StaleVersion when someone else changed the row first, StaleFencingToken when
-    `fencing_token` is not the current token of the run's lease (or, when
-    `fencing_resource` is given, of that lease), or, with `fenced` (an agent's write), when
-    the run is leased and no token is given. The token is recorded on the event, and
+    StaleVersion when someone else changed the row first, StaleFencingToken when an
+    agent's `fencing_token` is not the current token of the run's lease, or, with `fenced`
+    (an agent's write), when the run is leased and no token is given (a reconciler's token
+    is PostgreSQL's to check: `by_reconciler`). The token is recorded on the event, and
     `decided_by` (the deciding user's primary key: PostgreSQL refuses a human decision
     without it).
     """
@@ -406,9 +433,9 @@ def _apply(
             to_state=to_state,
         )
 
-    # 2. Check the fence.
-    if fencing_token is not None and fencing_resource is not None:
-        leases.check(fencing_resource, fencing_token)
+    # 2. Check the fence (an agent's; a reconciler's is the event trigger's alone).
+    if actor_kind == ActorKind.RECONCILER:
+        pass
     elif fencing_token is not None and op.run_id is None:
         raise InvalidInput(
             f"expected operation {op.operation_id} to belong to a run when a fencing_token "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import factory
 from django.contrib.auth.models import Group, User
-from django.db import transaction
+from django.db import connection, transaction
 
 from ledger import leases, receipts, states, transitions
 from ledger.models import Operation, Run
@@ -45,14 +47,30 @@ def actor_of(from_state: str, to_state: str) -> str:
     return ActorKind.AGENT
 
 
+def reconciler_lease(op: Operation, worker: str | None = None) -> int:
+    """A fresh token of the lease `reconcile:<operation_id>` for `worker` (by default
+    `factory-<tenant>`; taken over when another holds it), as a reconciler holds it when it
+    changes the operation."""
+    worker = worker or f"factory-{op.tenant}"
+    resource = f"reconcile:{op.operation_id}"
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE ledger_lease SET expires_at = now() WHERE resource = %s",
+                           [resource])
+        return leases.acquire(resource, worker, timedelta(minutes=5))
+
+
 def drive(op: Operation, to_state: str) -> Operation:
     """Walk `op` (in planned) along `machine_path` to `to_state`, one transition at a time,
     through the ledger's one writer of changes."""
     for state in machine_path(to_state):
         actor_kind = actor_of(op.state, state)
-        # An agent's change of a leased run's operation carries the lease's current token.
+        # An agent's change of a leased run's operation carries the lease's current token,
+        # a reconciler's the token of its lease on the operation (PostgreSQL checks both).
         token = (leases.current_token(op.run.lease_resource)
                  if op.run_id is not None and actor_kind == ActorKind.AGENT else None)
+        if actor_kind == ActorKind.RECONCILER:
+            token = reconciler_lease(op)
         with transaction.atomic():
             transitions._apply(op, state, actor_kind=actor_kind, fencing_token=token,
                                actor_id="factory", reason=f"test setup: to {state}")
@@ -146,6 +164,7 @@ def add_evidence(
             conflict = conflict_for(verdict, observed)
             transitions._apply(
                 op, to_state, actor_kind=ActorKind.RECONCILER, actor_id="reconciler-test",
+                fencing_token=reconciler_lease(op),
                 reason=f"verdict {verdict}", evidence={"verdict": verdict},
                 changes={"conflict": conflict} if conflict else None, evidence_row=row,
             )

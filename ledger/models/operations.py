@@ -52,6 +52,35 @@ _EVENT_FENCED = """
     RETURN NEW;
 """
 
+# A reconciler's change (a claim, a verdict, a re-read's finding) is fenced by its lease
+# `reconcile:<operation_id>`: the event must carry that lease's current token, so a worker
+# whose lease was taken over cannot record anything, whatever statement it sends. The lease
+# row is share-locked to the commit, so no newer token is handed out before it. The hint
+# names the refusal for ledger.transitions, which raises StaleFencingToken; the detail is
+# the current token ('' without a lease).
+FENCE_HINT = "stale_fencing_token"
+_EVENT_RECONCILER_FENCED = f"""
+    SELECT l.token, l.resource INTO lease
+      FROM ledger_operation o
+      JOIN ledger_lease l ON l.resource = 'reconcile:' || o.operation_id
+     WHERE o.id = NEW.operation_id
+       FOR SHARE OF l;
+    IF NOT FOUND OR NEW.fencing_token IS DISTINCT FROM lease.token THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected fencing token %s to be current for the reconciler''s '
+                             'lease of operation %s (%s -> %s), found %s',
+                             COALESCE(NEW.fencing_token::text, 'none'),
+                             (SELECT operation_id FROM ledger_operation
+                               WHERE id = NEW.operation_id),
+                             NEW.from_state, NEW.to_state,
+                             CASE WHEN lease.token IS NULL THEN 'no lease at all'
+                                  ELSE 'current token ' || lease.token END),
+            DETAIL = COALESCE(lease.token::text, ''),
+            HINT = '{FENCE_HINT}';
+    END IF;
+    RETURN NEW;
+"""
+
 # The one UPDATE an event admits (the statement trigger admits only the sealer's function):
 # its chain position and hash, from unset to set, and nothing else.
 _EVENT_SEALED_ONCE = """
@@ -254,7 +283,7 @@ class Operation(models.Model):
             models.Index(fields=["state", "state_changed_at", "id"], name="operation_queue_idx"),
             models.Index(fields=["state", "next_attempt_at"], name="operation_reconcile_idx"),
             # A reconciler's claim: the next due outcome_unknown operation, in claim order,
-            # without sorting every due row (ledger.reconcile._CLAIM_UNKNOWN).
+            # without sorting every due row (ledger.reconcile._CLAIM).
             models.Index(
                 models.F("next_attempt_at").asc(nulls_first=True), models.F("id").asc(),
                 name="operation_due_idx", condition=models.Q(state=State.OUTCOME_UNKNOWN),
@@ -443,6 +472,14 @@ class OperationEvent(models.Model):
                                       new__from_state__gt=""),
                 declare=[("lease", "record")],
                 func=_EVENT_FENCED,
+            ),
+            Trigger(
+                name="event_reconciler_fenced",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Q(new__actor_kind=ActorKind.RECONCILER),
+                declare=[("lease", "record")],
+                func=_EVENT_RECONCILER_FENCED,
             ),
         ]
 

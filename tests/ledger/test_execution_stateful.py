@@ -28,7 +28,7 @@ from ledger import facts, obligations, receipts, runs, states, transitions
 from ledger.errors import AlreadyCommitted, IllegalTransition, InvalidInput, StaleFact
 from ledger.models import Fact, FactConflict, FactStatus, Obligation, Operation
 from ledger.states import ActorKind, State
-from tests.factories import UserFactory
+from tests.factories import UserFactory, reconciler_lease
 
 SUBJECTS = st.sampled_from(["order:1", "order:2"])
 PREDICATES = st.sampled_from(["status", "carrier"])
@@ -99,7 +99,8 @@ class ExecutionMachine(RuleBasedStateMachine):
         def move():
             with transaction.atomic():
                 transitions._apply(op, target_state, actor_kind=ActorKind.RECONCILER,
-                                          actor_id="stateful", reason="stateful")
+                                   fencing_token=reconciler_lease(op),
+                                   actor_id="stateful", reason="stateful")
 
         self._expect(states.is_legal(op.state, target_state), op, target_state, move)
 
@@ -130,8 +131,9 @@ class ExecutionMachine(RuleBasedStateMachine):
             else:
                 with transaction.atomic():
                     transitions._apply(op, target_state,
-                                              actor_kind=ActorKind.RECONCILER,
-                                              actor_id="stateful", reason="stateful")
+                                       actor_kind=ActorKind.RECONCILER,
+                                       fencing_token=reconciler_lease(op),
+                                       actor_id="stateful", reason="stateful")
             self.op_states[op.pk] = target_state
 
     def _expect(self, allowed, op, target_state, call):

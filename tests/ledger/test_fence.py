@@ -26,7 +26,7 @@ from ledger.errors import (
 )
 from ledger.models import Obligation, Operation, OperationEvent, Step
 from ledger.states import ActorKind, State
-from tests.factories import OperationFactory, drive
+from tests.factories import OperationFactory, drive, reconciler_lease
 from tests.support.processes import spawn, wait_for_line
 
 INTENT = {"title": "Quarterly report", "body": "numbers"}
@@ -334,6 +334,76 @@ def test_postgresql_takes_an_agent_event_with_the_current_token(run):
 # --- human-only transitions ------------------------------------------------------------------
 
 
+# A reconciler's change is fenced by PostgreSQL alone: its event carries the current token
+# of the lease reconcile:<operation_id> (event_reconciler_fenced).
+
+
+def reconciler_took_over(op) -> tuple[int, int]:
+    """worker-a's token, then worker-b's after it took the operation's lease over."""
+    return reconciler_lease(op, "worker-a"), reconciler_lease(op, "worker-b")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stale", ["old", None, "no lease"])
+def test_postgresql_refuses_a_reconciler_event_without_its_leases_current_token(stale):
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    if stale == "no lease":
+        token, found = 1, "no lease at all"
+    else:
+        old, new = reconciler_took_over(op)
+        token, found = (old if stale == "old" else None), f"current token {new}"
+    with pytest.raises(IntegrityError, match=(
+            f"expected fencing token {token or 'none'} to be current for the reconciler's "
+            f"lease of operation {op.operation_id} \\(outcome_unknown -> reconciling\\), "
+            f"found {found}")), transaction.atomic():
+        Operation.objects.filter(pk=op.pk).update(state=State.RECONCILING,
+                                                  version=F("version") + 1)
+        insert_event(op, to_state=State.RECONCILING, actor_kind=ActorKind.RECONCILER,
+                     fencing_token=token)
+    assert Operation.objects.get(pk=op.pk).state == State.OUTCOME_UNKNOWN
+
+
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_takes_a_reconciler_event_with_its_leases_current_token():
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    _, new = reconciler_took_over(op)
+    with transaction.atomic():
+        Operation.objects.filter(pk=op.pk).update(state=State.RECONCILING,
+                                                  version=F("version") + 1)
+        insert_event(op, to_state=State.RECONCILING, actor_kind=ActorKind.RECONCILER,
+                     fencing_token=new)
+    assert Operation.objects.get(pk=op.pk).state == State.RECONCILING
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("to_state", [State.RECONCILING, State.MANUAL_REVIEW])
+def test_a_reconciler_whose_lease_was_taken_over_changes_nothing(to_state):
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN if to_state == State.RECONCILING
+                          else State.RECONCILING)
+    version = op.version
+    old, new = reconciler_took_over(op)
+    with pytest.raises(StaleFencingToken, match=f"expected fencing token {old} to be current "
+                                                f".* found current token {new}") as refused:
+        with transaction.atomic():
+            transitions.by_reconciler(op, to_state, worker="worker-a", token=old,
+                                      resource=f"reconcile:{op.operation_id}",
+                                      reason="a late verdict")
+    assert refused.value.current_token == new
+    stored = Operation.objects.get(pk=op.pk)
+    assert (stored.version, stored.state) == (version, op.state)
+    assert not OperationEvent.objects.filter(operation=op, version=version + 1).exists()
+
+
+@pytest.mark.django_db
+def test_a_reconcilers_change_is_fenced_by_its_operations_own_lease():
+    op, other = OperationFactory(state=State.OUTCOME_UNKNOWN), OperationFactory()
+    with pytest.raises(InvalidInput, match=f"expected the lease reconcile:{op.operation_id} "
+                                           f"to fence .* found 'reconcile:{other.operation_id}'"):
+        transitions.by_reconciler(op, State.RECONCILING, worker="worker-a",
+                                  token=reconciler_lease(other),
+                                  resource=f"reconcile:{other.operation_id}", reason="mixed up")
+
+
 @pytest.mark.django_db
 def test_a_decision_records_the_deciding_user(reviewer):
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
@@ -392,6 +462,7 @@ def test_a_raw_update_whose_event_records_another_move_is_refused():
     # The event claims reconciling -> succeeded (not a human decision); the row makes
     # outcome_unknown -> succeeded (one). The deferred check compares the two.
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    token = reconciler_lease(op)  # the reconciler's fence is not what refuses it
     with pytest.raises(IntegrityError, match="expected an event recording version"):
         with transaction.atomic():
             Operation.objects.filter(pk=op.pk).update(state=State.SUCCEEDED,
@@ -401,11 +472,12 @@ def test_a_raw_update_whose_event_records_another_move_is_refused():
                     """
                     INSERT INTO ledger_operationevent
                            (operation_id, tenant, version, from_state, to_state, actor_kind,
-                            actor_id, reason, created_at, chain_seq, chain_hash)
+                            actor_id, reason, fencing_token, created_at, chain_seq,
+                            chain_hash)
                     VALUES (%s, 'default', %s, 'reconciling', 'succeeded', 'reconciler',
-                            'raw', 'raw sql', now(), 1000001, repeat('0', 64))
+                            'raw', 'raw sql', %s, now(), 1000001, repeat('0', 64))
                     """,
-                    [op.pk, op.version + 1],
+                    [op.pk, op.version + 1, token],
                 )
             immediate_constraints()
     assert Operation.objects.get(pk=op.pk).state == State.OUTCOME_UNKNOWN

@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connections
+from django.db import connection, connections
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger import leases, reconcile
@@ -513,3 +514,30 @@ def test_two_operations_with_one_fingerprint_that_both_succeed_are_both_flagged_
     assert (first.conflict, second.conflict) == (Conflict.DUPLICATE, Conflict.DUPLICATE)
     other = OperationFactory(state=State.SUCCEEDED, intent={"title": "Another"})
     assert other.conflict == ""
+
+
+# --- what one reconciled operation costs ---------------------------------------------------
+
+
+def statements(captured) -> list[str]:
+    """What was sent, without the savepoints the test's own transaction adds."""
+    return [q["sql"] for q in captured if "SAVEPOINT" not in q["sql"]]
+
+
+@pytest.mark.django_db
+def test_a_claim_is_three_statements_and_a_verdict_four():
+    # The claim: the pick (orphaned first, then the oldest due: one statement), the lease,
+    # the move to reconciling. The verdict: the row's lock, the evidence, the lease's
+    # release, the transition. The lease's token is checked by PostgreSQL's event trigger,
+    # not by a statement of its own.
+    op = unknown("found:ext-7")
+    with CaptureQueriesContext(connection) as claiming:
+        claim = reconcile.claim_next(worker="w1")
+    assert claim.operation.pk == op.pk
+    outcome = reconcile.consult(claim.operation)
+    with CaptureQueriesContext(connection) as settling:
+        reconcile.settle(claim, outcome)
+    assert len(statements(claiming)) == 3, statements(claiming)
+    assert len(statements(settling)) == 4, statements(settling)
+    op.refresh_from_db()
+    assert (op.state, op.external_id) == (State.SUCCEEDED, "ext-7")

@@ -7,7 +7,13 @@ from django.db import IntegrityError, connection, connections, transaction
 from ledger import approvals, bulk, errors, receipts, transitions
 from ledger.models import Operation, OperationEvent, ResolutionProposal
 from ledger.states import ActorKind, State
-from tests.factories import OperationFactory, UserFactory, drive, ensure_roles
+from tests.factories import (
+    OperationFactory,
+    UserFactory,
+    drive,
+    ensure_roles,
+    reconciler_lease,
+)
 from tests.support.concurrency import join, run_threads
 
 
@@ -107,6 +113,7 @@ def test_a_proposal_of_a_version_that_changed_since_is_stale(stuck_payment, ada,
     for state in (State.RECONCILING, State.MANUAL_REVIEW):  # a reconciler found two matches
         with transaction.atomic():
             transitions._apply(moved, state, actor_kind=ActorKind.RECONCILER,
+                               fencing_token=reconciler_lease(moved),
                                actor_id="reconciler", reason="two matches")
     with pytest.raises(errors.StaleVersion):
         receipts.resolve(op, State.SUCCEEDED, user=bob, reason="confirmed",

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from ledger import chain, reconcile, retention, transitions
 from ledger.models import AuditVerification, ChainHead, Evidence, Operation, OperationEvent
 from ledger.states import State
-from tests.factories import OperationFactory, add_evidence
+from tests.factories import OperationFactory, add_evidence, reconciler_lease
 from tests.support.processes import spawn
 from tests.support.retention import complete_days_ago, raw_connection, retention_admin
 
@@ -285,6 +285,7 @@ def test_events_and_evidence_written_before_format_2_verify_the_old_way(monkeypa
     row = Evidence.objects.create(operation=old, reconciler="r", verdict="found",
                                   matched_by="fingerprint", created_at=old.created_at)
     transitions._apply(old, State.SUCCEEDED, actor_kind="reconciler", actor_id="w",
+                       fencing_token=reconciler_lease(old, "w"),
                        reason="found", changes={"external_id": "a-1"},
                        evidence={"verdict": "found", "reconciler": "r",
                                  "matched_by": "fingerprint"})
