@@ -6,7 +6,10 @@ against one worker, and a check that every operation was looked up exactly once 
 was skipped. Workers run two ways, as they are deployed: as processes (one `manage.py
 reconcile` each; the claim) and as threads of one process (`manage.py reconcile
 --workers N`), where Python's GIL serializes the CPU part of every claim. The operations
-tables of the bench database are emptied first, so the workers drain only these.
+tables of the bench database are emptied first, so the workers drain only these. Each
+run starts on a quiet server: the tables its seeding wrote are vacuumed and analyzed and a
+checkpoint is taken, so that autovacuum's and the checkpointer's work on what the seeding
+left does not land in one run's few seconds and not in another's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import parse_args, print_table, record, setup_django
+from bench.common import parse_args, print_table, quiet_server, record, setup_django
 from bench.p2_queue import reset
 
 SCALES = {"quick": 300, "full": 2000}
@@ -75,7 +78,7 @@ def process_worker(name: str, ready, start, results) -> None:
 def main() -> dict:
     args = parse_args(__doc__.splitlines()[0])
     setup_django()
-    from django.db import connections
+    from django.db import connection, connections
 
     from ledger import receipts
     from ledger.models import Operation
@@ -94,6 +97,10 @@ def main() -> dict:
             receipts.mark_submitted(op)
             receipts.mark_outcome_unknown(op, error_code="timeout")
             pks.add(op.pk)
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE ledger_operation, ledger_operationevent, "
+                           "ledger_evidence, ledger_lease")
+        quiet_server()
         return pks
 
     def check(pks: set[int], counts: collections.Counter) -> None:

@@ -274,9 +274,6 @@ def mark_submitted(
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
-    if op.step_id is not None:
-        # A committed step never goes back, so what this reads stays true to the write.
-        runs.require_dependencies_committed(op)
     now = timezone.now()
     changes: dict[str, Any] = {"submitted_at": now, "in_flight_until": now + in_flight_for}
     if op.state == State.SAFE_TO_RETRY:

@@ -441,14 +441,15 @@ def _purge_policy(run, policy, ordered, now, batch, say, result, between) -> Non
     # all, and without a sealer running beside a long purge they would pile up (bench P5 at
     # 1M: 178k, read by every pick).
     _in_batches(lambda after: _purge_batch(run, policy, ordered, now, batch, after),
-                before_each=chain.seal, done=result.purged_operation_ids, result=result,
+                before_each=chain.seal, done=result.purged_operation_ids,
+                timings=result.batch_seconds,
                 report=lambda: say(f"{policy}: purged {run.operations_purged} operations so far"),
                 between=between)
 
 
-def _in_batches(next_batch, *, before_each, done, result, report, between) -> None:
+def _in_batches(next_batch, *, before_each, done, timings, report, between) -> None:
     """Run `next_batch(after)` until it returns no ids: each batch's ids go to `done`, its
-    transaction's duration to `result.batch_seconds`; `report` and `between` follow each."""
+    transaction's duration (seconds) to `timings`; `report` and `between` follow each."""
     after = None
     while True:
         before_each()
@@ -456,7 +457,7 @@ def _in_batches(next_batch, *, before_each, done, result, report, between) -> No
         ids, after = next_batch(after)
         if not ids:
             return
-        result.batch_seconds.append(time.perf_counter() - started)
+        timings.append(time.perf_counter() - started)
         done.extend(ids)
         report()
         between()
@@ -530,7 +531,8 @@ def _redact_policy(run, policy, ordered, now, batch, say, result, between) -> No
     if _redactable_sql(policy, ordered, now) is None:
         return
     _in_batches(lambda after: _redact_batch(run, policy, ordered, now, batch, after),
-                before_each=lambda: None, done=result.redacted_operation_ids, result=result,
+                before_each=lambda: None, done=result.redacted_operation_ids,
+                timings=result.batch_seconds,
                 report=lambda: say(f"{policy}: redacted {run.operations_redacted} operations "
                                    "so far"),
                 between=between)

@@ -208,23 +208,6 @@ def _locked_step(run, step_id: str, fencing_token: int | None) -> Step:
     return step
 
 
-def require_dependencies_committed(op: Operation) -> None:
-    """DependencyNotMet (`.missing`) unless every step that the step of `op` depends on is
-    committed: an operation of `ship` is not sent before `charge` is done."""
-    missing = list(
-        Step.objects.filter(dependents__pk=op.step_id).exclude(state=StepState.COMMITTED)
-        .order_by("step_id").values_list("step_id", "state")
-    )
-    if missing:
-        step_id = Step.objects.filter(pk=op.step_id).values_list("step_id", flat=True).first()
-        raise DependencyNotMet(
-            f"expected every step that {step_id} depends on to be committed before operation "
-            f"{op.operation_id} ({op.operation}) is submitted, found "
-            f"{', '.join(f'{name} {state}' for name, state in missing)}",
-            missing=[name for name, _ in missing],
-        )
-
-
 def _start(step: Step) -> Step:
     if step.state == StepState.STARTED:
         return step

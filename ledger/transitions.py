@@ -55,6 +55,7 @@ These statements run on every receipt, so they are bound on the server and prepa
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -65,10 +66,16 @@ from django.utils import timezone
 
 from ledger import chain, leases, states
 from ledger.canonical import redact, scrub_text
-from ledger.errors import IllegalTransition, InvalidInput, StaleFencingToken, StaleVersion
+from ledger.errors import (
+    DependencyNotMet,
+    IllegalTransition,
+    InvalidInput,
+    StaleFencingToken,
+    StaleVersion,
+)
 from ledger.inputs import check_json, check_user, storable
 from ledger.models import Evidence, Operation, OperationEvent
-from ledger.models.operations import FENCE_HINT, Conflict
+from ledger.models.operations import DEPENDENCY_HINT, FENCE_HINT, Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
 
@@ -116,7 +123,7 @@ def by_agent(
     # (two statements): once the run is leased, only its current token may change it.
     fenced = fencing_token is not None or getattr(op, "run_id", None) is not None
     try:
-        with transaction.atomic(durable=True) if fenced else single_statement():
+        with _refusals(), transaction.atomic(durable=True) if fenced else single_statement():
             return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "",
                           reason=reason, changes=changes, evidence=evidence,
                           fencing_token=fencing_token, expected_version=expected_version,
@@ -210,7 +217,7 @@ def by_reconciler(
     (`event_reconciler_fenced`) and StaleFencingToken is raised when it is not current."""
     _refuse_human_decision(op, to_state, found=f"reconciler {worker} trying to")
     _check_reconciler_lease(op, resource)
-    with _reconciler_fence():
+    with _refusals():
         return _apply(op, to_state, actor_kind=ActorKind.RECONCILER, actor_id=worker,
                       reason=reason, fencing_token=token, expected_version=expected_version,
                       changes=changes, evidence=evidence, evidence_row=evidence_row)
@@ -259,7 +266,7 @@ def reread_by_reconciler(
     failures in a row, with an event sealing `evidence_row`, so that every re-read is in
     the chain."""
     _check_reconciler_lease(op, resource)
-    with _reconciler_fence():
+    with _refusals():
         return _apply_flag(op, conflict, actor_kind=ActorKind.RECONCILER, actor_id=worker,
                            reason=reason, evidence=evidence, fencing_token=token,
                            evidence_row=evidence_row,
@@ -275,16 +282,22 @@ def _check_reconciler_lease(op: Operation, resource: str) -> None:
 
 
 @contextmanager
-def _reconciler_fence() -> Iterator[None]:
-    """PostgreSQL's refusal of a reconciler's stale token, as StaleFencingToken."""
+def _refusals() -> Iterator[None]:
+    """PostgreSQL's refusals that the ledger names, as its own errors: a reconciler's stale
+    token (StaleFencingToken with the current one), a step's operation submitted before
+    its dependencies are committed (DependencyNotMet with the missing steps)."""
     try:
         yield
     except IntegrityError as exc:
         diag = getattr(exc.__cause__, "diag", None)
-        if diag is None or diag.message_hint != FENCE_HINT:
-            raise
-        current = int(diag.message_detail) if diag.message_detail else None
-        raise StaleFencingToken(diag.message_primary, current_token=current) from exc
+        hint = None if diag is None else diag.message_hint
+        if hint == FENCE_HINT:
+            current = int(diag.message_detail) if diag.message_detail else None
+            raise StaleFencingToken(diag.message_primary, current_token=current) from exc
+        if hint == DEPENDENCY_HINT:
+            raise DependencyNotMet(diag.message_primary,
+                                   missing=json.loads(diag.message_detail)) from exc
+        raise
 
 
 def by_denial(op: Operation, *, user, reason: str, expected_version: int | None = None

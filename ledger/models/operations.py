@@ -52,6 +52,31 @@ _EVENT_FENCED = """
     RETURN NEW;
 """
 
+# No effect before its dependencies: an operation of a step is submitted (from planned, or
+# again from safe_to_retry) only once every step that step depends on is committed. A
+# committed step never goes back (step_lifecycle_check), so what this reads stays true
+# after the write. The hint names the refusal for ledger.transitions, which raises
+# DependencyNotMet; the detail is the missing steps' ids, a JSON array.
+DEPENDENCY_HINT = "dependency_not_met"
+_SUBMIT_AFTER_DEPENDENCIES = f"""
+    SELECT string_agg(dep.step_id || ' ' || dep.state, ', ' ORDER BY dep.step_id),
+           to_json(array_agg(dep.step_id ORDER BY dep.step_id))::text
+      INTO missing, missing_ids
+      FROM ledger_step_depends_on link
+      JOIN ledger_step dep ON dep.id = link.to_step_id
+     WHERE link.from_step_id = NEW.step_id AND dep.state <> 'committed';
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected every step that %s depends on to be committed before '
+                             'operation %s (%s) is submitted, found %s',
+                             (SELECT step_id FROM ledger_step WHERE id = NEW.step_id),
+                             NEW.operation_id, NEW.operation, missing),
+            DETAIL = missing_ids,
+            HINT = '{DEPENDENCY_HINT}';
+    END IF;
+    RETURN NEW;
+"""
+
 # A reconciler's change (a claim, a verdict, a re-read's finding) is fenced by its lease
 # `reconcile:<operation_id>`: the event must carry that lease's current token, so a worker
 # whose lease was taken over cannot record anything, whatever statement it sends. The lease
@@ -369,6 +394,19 @@ class Operation(models.Model):
                 func=_event_recorded("OLD.state"),
             ),
             GATE_TRIGGER,
+            # Named to fire before the gate (triggers fire in name order): a step's
+            # dependencies are the first thing an agent is told it lacks.
+            Trigger(
+                name="operation_submit_after_dependencies",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition(
+                    f"NEW.state = '{State.SUBMITTED}' AND OLD.state <> '{State.SUBMITTED}' "
+                    "AND NEW.step_id IS NOT NULL"
+                ),
+                declare=[("missing", "text"), ("missing_ids", "text")],
+                func=_SUBMIT_AFTER_DEPENDENCIES,
+            ),
         ]
 
     def __str__(self):

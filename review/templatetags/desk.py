@@ -1,7 +1,7 @@
 """Template helpers of the review desk. Every value they return is escaped."""
 
 import json
-from datetime import UTC, timedelta
+from datetime import UTC
 
 from django import template
 from django.urls import reverse
@@ -30,7 +30,11 @@ def stuck_for(since) -> str:
     """How long ago `since` was, coarsely: "12 min", "3 h", "2 d"."""
     if since is None:
         return ""
-    seconds = max(0, int((timezone.now() - since).total_seconds()))
+    return _span(max(0, int((timezone.now() - since).total_seconds())))
+
+
+def _span(seconds: int) -> str:
+    """A span of `seconds` (not negative), coarsely: "12 min", "3 h", "2 d"."""
     if seconds < 60:
         return f"{seconds} s"
     if seconds < 3600:
@@ -80,7 +84,7 @@ def ago(when):
     if when is None:
         return "—"
     seconds = int((timezone.now() - when).total_seconds())
-    words = stuck_for(timezone.now() - timedelta(seconds=abs(seconds)))
+    words = _span(abs(seconds))
     text = "just now" if abs(seconds) < 10 else (
         f"{words} ago" if seconds >= 0 else f"in {words}")
     return _time_element(when, text)

@@ -546,6 +546,38 @@ def test_a_dependent_steps_operation_is_not_submitted_before_its_dependency_comm
     assert receipts.mark_submitted(ship).state == State.SUBMITTED
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("charge", [None, "started"])
+def test_postgresql_refuses_submitting_before_the_dependencies_commit(run, charge):
+    # The rule is PostgreSQL's alone: a raw UPDATE, as a process bypassing the ledger sends.
+    ship = receipts.record_intent("shipments.create", "https://wms.example", {"order": 17},
+                                  run=run, step="ship")
+    if charge:
+        runs.start_step(run, "charge")
+    with pytest.raises(IntegrityError, match=(
+            f"expected every step that ship depends on to be committed before operation "
+            f"{ship.operation_id} \\(shipments.create\\) is submitted, found charge "
+            f"{charge or 'pending'}")), transaction.atomic():
+        Operation.objects.filter(pk=ship.pk).update(state=State.SUBMITTED,
+                                                    version=F("version") + 1)
+    assert Operation.objects.get(pk=ship.pk).state == State.PLANNED
+
+
+@pytest.mark.django_db
+def test_an_operation_without_a_step_or_whose_dependencies_committed_is_submitted(run):
+    runs.add_step(run, "pack", depends_on=["charge", "ship"])
+    loose = receipts.record_intent("notes.create", "https://notes.example", {"n": 1}, run=run)
+    pack = receipts.record_intent("boxes.create", "https://wms.example", {"order": 17},
+                                  run=run, step="pack")
+    with pytest.raises(DependencyNotMet, match="found charge pending, ship pending") as refused:
+        receipts.mark_submitted(pack)
+    assert refused.value.missing == ("charge", "ship")
+    assert receipts.mark_submitted(loose).state == State.SUBMITTED
+    runs.commit_step(run, "charge")
+    runs.commit_step(run, "ship")
+    assert receipts.mark_submitted(pack).state == State.SUBMITTED
+
+
 # --- a step re-run after a SIGKILL -----------------------------------------------------------
 
 STEP_SCRIPT = """
