@@ -81,7 +81,7 @@ def quiet_server(timeout: float = 120.0) -> None:
 def parse_args(description: str, **extra) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scale", choices=["quick", "full"], default="quick",
-                        help="quick: under a minute; full: the sizes the README reports")
+                        help="quick: about a minute; full: the sizes the README reports")
     for name, kwargs in extra.items():
         parser.add_argument(f"--{name.replace('_', '-')}", **kwargs)
     return parser.parse_args()

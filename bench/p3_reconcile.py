@@ -29,7 +29,7 @@ if __package__ in (None, ""):
 from bench.common import parse_args, print_table, quiet_server, record, setup_django
 from bench.p2_queue import reset
 
-SCALES = {"quick": 300, "full": 2000}
+SCALES = {"quick": 600, "full": 2000}
 WORKERS = (1, 2, 4)
 LOOKUP_WAIT = 0.020
 LIMIT = 100  # operations per pass, as `manage.py reconcile` takes by default
