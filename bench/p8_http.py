@@ -13,11 +13,18 @@ A third side sends the same three POSTs with the same client to the same uvicorn
 an app that does nothing (`bench/p8_floor.py`): the transport's floor (client library,
 loopback, uvicorn, event loop). It is printed and recorded beside the claim, with what the
 API adds above it, so that a ratio can be read as transport and API apart.
+
+A fourth side sends the same three POSTs to the same API server with the standard
+library's `http.client` on one keep-alive connection: a client that costs a third of
+httpx's per round trip, nearer to what a Go or TypeScript agent's client costs. Its ratio
+is printed and recorded beside the claim (`lean_client_ratio`); the claim stays httpx's.
 """
 
 from __future__ import annotations
 
+import http.client
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -59,6 +66,26 @@ def start_server(app: str = "config.asgi:application") -> tuple[subprocess.Popen
     return server, f"http://127.0.0.1:{port}"
 
 
+class LeanClient:
+    """Three POSTs' worth of an agent's HTTP client: the standard library's http.client on
+    one keep-alive connection, JSON in and out, the key in every request."""
+
+    def __init__(self, url: str, secret: str):
+        host, port = url.removeprefix("http://").split(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.headers = {"Authorization": f"Bearer {secret}",
+                        "Content-Type": "application/json"}
+
+    def post(self, path: str, payload: dict) -> tuple[int, dict]:
+        self.connection.request("POST", path, body=json.dumps(payload).encode(),
+                                headers=self.headers)
+        response = self.connection.getresponse()
+        return response.status, json.loads(response.read())
+
+    def close(self) -> None:
+        self.connection.close()
+
+
 def wait_until_serving(client, path: str, process: subprocess.Popen) -> None:
     import httpx
 
@@ -93,6 +120,7 @@ def main() -> dict:
                           timeout=30)
     floor_client = httpx.Client(base_url=floor_url,
                                 headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    lean = LeanClient(url, secret)  # connects at its first request
     try:
         for side, path, process in ((client, "/api/v1/openapi.json", server),
                                     (floor_client, "/", floor_server)):
@@ -128,14 +156,31 @@ def main() -> dict:
         def transport_only():
             over_http(floor_client)
 
+        def over_http_lean():
+            i = next(counter)
+            status, body = lean.post("/api/v1/operations", {
+                "operation": "bench.http", "target": "https://cms.example/api",
+                "intent": intent(i), "idempotency_key": f"p8-{run}-{i}"})
+            operation_id = body["operation_id"]
+            status2, _ = lean.post(f"/api/v1/operations/{operation_id}/submitted", {})
+            status3, body3 = lean.post(f"/api/v1/operations/{operation_id}/succeeded",
+                                       {"external_id": f"ext-{i}"})
+            if (status, status2, status3) != (201, 200, 200):
+                raise SystemExit(f"expected 201, 200, 200, found {status} {status2} "
+                                 f"{status3}: {str(body3)[:300]}")
+
         for _ in range(20):  # warm caches, plans and connections on every side
             in_process()
             over_http()
             transport_only()
+            over_http_lean()
         local, http, floor = Stopwatch("in process"), Stopwatch("http"), Stopwatch("floor")
-        interleave(n, [(local, in_process), (http, over_http), (floor, transport_only)])
+        lean_http = Stopwatch("http, lean client")
+        interleave(n, [(local, in_process), (http, over_http), (floor, transport_only),
+                       (lean_http, over_http_lean)])
     finally:
         client.close()
+        lean.close()
         floor_client.close()
         for process in (server, floor_server):
             process.terminate()
@@ -154,6 +199,9 @@ def main() -> dict:
         # the same client and server with an app that does nothing (bench/p8_floor.py)
         "transport_median_ms": floor.median * 1000,
         "transport_ratio": floor.median / local.median,
+        # the same API server and requests with the standard library's http.client
+        "lean_client_median_ms": lean_http.median * 1000,
+        "lean_client_ratio": lean_http.median / local.median,
     }
     print_table(f"P8 lifecycle over HTTP, {n} operations each", [
         ("in process (ledger API)", f"{n / local.total:8.0f} ops/s, median {ms(local.median)}"),
@@ -164,6 +212,8 @@ def main() -> dict:
         ("floor: same 3 POSTs, empty app", f"median {ms(floor.median)}, "
                                            f"{summary['transport_ratio']:.2f}x in process"),
         ("the API above the floor", f"{ms(http.median - floor.median)} a lifecycle"),
+        ("HTTP API, http.client", f"median {ms(lean_http.median)}, "
+                                  f"{summary['lean_client_ratio']:.2f}x in process"),
     ])
     record("P8", summary)
     return summary

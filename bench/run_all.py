@@ -43,7 +43,8 @@ ALSO = {
                     + f"; sealer lag max {r['sealer_max_lag_s']:.2f} s",
     "P8": lambda r: f"HTTP median {r['http_median_ms']:.1f} ms, in process "
                     f"{r['in_process_median_ms']:.1f} ms; transport floor "
-                    f"{r['transport_median_ms']:.1f} ms ({r['transport_ratio']:.2f}x)",
+                    f"{r['transport_median_ms']:.1f} ms ({r['transport_ratio']:.2f}x); "
+                    f"with http.client {r['lean_client_ratio']:.2f}x",
     "P5": lambda r: f"longest purge batch {r['longest_batch_ms']:.0f} ms (goal <= 100 ms)"
                     + ("  met" if r["longest_batch_ms"] <= 100 else "  NOT met"),
 }
