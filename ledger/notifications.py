@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import socket
@@ -102,13 +103,17 @@ def check_webhook_url(url: str) -> str:
     return url
 
 
-def check_destination(url: str) -> None:
+def check_destination(url: str) -> str | None:
     """Refuse a webhook whose host resolves to a loopback, private, link-local or reserved
     address, unless `LEDGER_WEBHOOK_ALLOW_PRIVATE`: an admin of one tenant must not aim the
     ledger's requests (and the answers shown in the delivery log) at internal services.
-    Checked when a channel is saved and again before every delivery."""
+    Checked when a channel is saved and again before every delivery, which connects to the
+    address returned here (the first the host resolved to; None when private ones are
+    allowed) rather than resolving the name a second time: a name that answers a public
+    address to the check and a private one to the connection (DNS rebinding) reaches
+    nothing but the address checked."""
     if conf.WEBHOOK_ALLOW_PRIVATE:
-        return
+        return None
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
@@ -122,6 +127,7 @@ def check_destination(url: str) -> None:
             raise InvalidInput(
                 f"expected a webhook host on a public address (LEDGER_WEBHOOK_ALLOW_PRIVATE "
                 f"admits private ones), found {parts.hostname!r} at {ip}")
+    return found[0][4][0]
 
 
 def check_secret_name(name: str) -> str:
@@ -494,9 +500,53 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # a redirect is an answer (3xx), not a place to resend the body
 
 
+def _pinned(connection_class, address: str):
+    """`connection_class` (http.client's) that connects to `address` whatever its host
+    resolves to now; TLS still verifies the certificate against the host's name."""
+
+    def connect_to(host, **kwargs):
+        conn = connection_class(host, **kwargs)
+        conn._create_connection = lambda where, *args: socket.create_connection(
+            (address, where[1]), *args)
+        return conn
+
+    return connect_to
+
+
+class _PinnedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, address: str):
+        super().__init__()
+        self.address = address
+
+    def http_open(self, req):
+        return self.do_open(_pinned(http.client.HTTPConnection, self.address), req)
+
+
+class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, address: str):
+        super().__init__()
+        self.address = address
+
+    def https_open(self, req):
+        return self.do_open(_pinned(http.client.HTTPSConnection, self.address), req,
+                            context=self._context)
+
+
+def _opener(url: str, address: str | None) -> urllib.request.OpenerDirector:
+    """No redirects; connections to `address` when given, unless a proxy from the
+    environment carries the request (the proxy then resolves the name, under its rules)."""
+    handlers: list = [_NoRedirect]
+    host = urlsplit(url).hostname or ""
+    proxied = urlsplit(url).scheme in urllib.request.getproxies() and not (
+        urllib.request.proxy_bypass(host))
+    if address is not None and not proxied:
+        handlers += [_PinnedHTTPHandler(address), _PinnedHTTPSHandler(address)]
+    return urllib.request.build_opener(*handlers)
+
+
 def _post(channel: NotificationChannel, batch: NotificationBatch) -> tuple[int | None, str]:
     try:
-        check_destination(channel.url)  # again: a name may resolve elsewhere now
+        address = check_destination(channel.url)  # again: a name may resolve elsewhere now
     except InvalidInput as refused:
         return None, str(refused)
     secret = conf.WEBHOOK_SECRETS.get(channel.secret_name)
@@ -511,7 +561,7 @@ def _post(channel: NotificationChannel, batch: NotificationBatch) -> tuple[int |
         TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: signature(secret, timestamp, body),
         DELIVERY_HEADER: str(batch.pk), "X-Ledger-Attempt": str(batch.attempts),
     })
-    opener = urllib.request.build_opener(_NoRedirect)
+    opener = _opener(channel.url, address)
     try:
         with opener.open(request, timeout=conf.NOTIFY_TIMEOUT_SECONDS) as response:
             code = response.status

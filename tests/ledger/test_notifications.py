@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -479,3 +480,57 @@ def test_a_delivery_to_an_address_no_longer_allowed_is_logged_not_sent(
     [attempt] = notifications.deliver_due(now=timezone.now() + timedelta(minutes=5))
     assert "expected a webhook host on a public address" in attempt.error
     assert hook.requests == []
+
+
+PUBLIC = "93.184.216.34"  # a public address; the test refuses to dial it
+
+
+@pytest.mark.django_db
+def test_a_delivery_connects_to_the_address_it_checked_not_to_a_second_answer(
+        admin_user, receiver, settings, monkeypatch):
+    # DNS rebinding: the name answers a public address to the check and loopback to any
+    # look after it. The delivery dials the checked address and never resolves again, so
+    # the receiver on loopback hears nothing.
+    hook = receiver()
+    port = hook.server.server_port
+    settings.LEDGER_WEBHOOK_ALLOW_PRIVATE = False
+    real_resolve, real_dial = socket.getaddrinfo, socket.create_connection
+    looks, dialed = [], []
+
+    def rebinding(host, port, *args, **kwargs):
+        if host != "hooks.example":
+            return real_resolve(host, port, *args, **kwargs)
+        looks.append(host)
+        ip = PUBLIC if len(looks) <= 2 else "127.0.0.1"  # the save's look, the delivery's
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (ip, port))]
+
+    def dial(address, *args, **kwargs):
+        dialed.append(address)
+        if address[0] == PUBLIC:
+            raise ConnectionRefusedError(f"{PUBLIC} is not dialed from a test")
+        return real_dial(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    monkeypatch.setattr(socket, "create_connection", dial)
+    webhook(admin_user, f"http://hooks.example:{port}/hooks/ledger")
+    unknown_ops(2)
+    notifications.collect(now=timezone.now() + timedelta(minutes=5))
+    [attempt] = notifications.deliver_due(now=timezone.now() + timedelta(minutes=5))
+    assert dialed == [(PUBLIC, port)]
+    assert len(looks) == 2
+    assert hook.requests == []
+    assert "is not dialed from a test" in attempt.error and attempt.status_code is None
+
+
+def test_a_delivery_through_a_proxy_leaves_the_name_to_the_proxy(monkeypatch):
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:3128")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    pinned = notifications._opener("http://hooks.example/h", PUBLIC)
+    direct = notifications._opener("http://hooks.example/h", None)
+    assert not any(isinstance(h, notifications._PinnedHTTPHandler) for h in pinned.handlers)
+    assert not any(isinstance(h, notifications._PinnedHTTPHandler) for h in direct.handlers)
+    monkeypatch.delenv("http_proxy")
+    monkeypatch.delenv("HTTP_PROXY", raising=False)
+    assert any(isinstance(h, notifications._PinnedHTTPHandler)
+               for h in notifications._opener("http://hooks.example/h", PUBLIC).handlers)
