@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
+import urllib.error
+import urllib.request
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -39,7 +44,7 @@ class Receiver:
     """A webhook receiver on loopback: records every request, answers the scripted codes
     (then 200)."""
 
-    def __init__(self, codes=(), answer=b"ok"):
+    def __init__(self, codes=(), answer=b"ok", tls: ssl.SSLContext | None = None):
         self.codes = list(codes)
         self.answer = answer
         self.requests: list[tuple[dict, bytes]] = []
@@ -59,6 +64,8 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/ledger"
@@ -534,3 +541,43 @@ def test_a_delivery_through_a_proxy_leaves_the_name_to_the_proxy(monkeypatch):
     monkeypatch.delenv("HTTP_PROXY", raising=False)
     assert any(isinstance(h, notifications._PinnedHTTPHandler)
                for h in notifications._opener("http://hooks.example/h", PUBLIC).handlers)
+
+
+@pytest.fixture
+def tls_receiver(tmp_path):
+    """A TLS receiver on loopback whose certificate names hooks.example (openssl makes it),
+    and a client context that trusts that certificate alone."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("expected the openssl command to make a test certificate, found none")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=hooks.example",
+                    "-addext", "subjectAltName=DNS:hooks.example"],
+                   check=True, capture_output=True)
+    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_side.load_cert_chain(cert, key)
+    hook = Receiver(tls=server_side)
+    yield hook, ssl.create_default_context(cafile=str(cert))
+    hook.close()
+
+
+@pytest.mark.parametrize("name", ["hooks.example", "other.example"])
+def test_a_pinned_tls_delivery_verifies_the_certificate_against_the_name(tls_receiver, name):
+    # Neither name resolves here: what answers is the pinned address, and TLS checks the
+    # certificate against the name in the URL, not against the address.
+    hook, trusted = tls_receiver
+    url = f"https://{name}:{hook.server.server_port}/hooks/ledger"
+    opener = notifications._opener(url, "127.0.0.1")
+    [pinned] = [h for h in opener.handlers if isinstance(h, notifications._PinnedHTTPSHandler)]
+    pinned._context = trusted
+    request = urllib.request.Request(url, data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    if name == "hooks.example":
+        with opener.open(request, timeout=10) as response:
+            assert response.status == 200
+        assert len(hook.requests) == 1
+    else:
+        with pytest.raises(urllib.error.URLError, match="Hostname mismatch"):
+            opener.open(request, timeout=10)
+        assert hook.requests == []
