@@ -338,6 +338,15 @@ def test_postgresql_takes_an_agent_event_with_the_current_token(run):
 # of the lease reconcile:<operation_id> (event_reconciler_fenced).
 
 
+def raw_claim(op, token) -> None:
+    """outcome_unknown -> reconciling in raw SQL with a reconciler's event carrying `token`."""
+    with transaction.atomic():
+        Operation.objects.filter(pk=op.pk).update(state=State.RECONCILING,
+                                                  version=F("version") + 1)
+        insert_event(op, to_state=State.RECONCILING, actor_kind=ActorKind.RECONCILER,
+                     fencing_token=token)
+
+
 def reconciler_took_over(op) -> tuple[int, int]:
     """worker-a's token, then worker-b's after it took the operation's lease over."""
     return reconciler_lease(op, "worker-a"), reconciler_lease(op, "worker-b")
@@ -355,11 +364,8 @@ def test_postgresql_refuses_a_reconciler_event_without_its_leases_current_token(
     with pytest.raises(IntegrityError, match=(
             f"expected fencing token {token or 'none'} to be current for the reconciler's "
             f"lease of operation {op.operation_id} \\(outcome_unknown -> reconciling\\), "
-            f"found {found}")), transaction.atomic():
-        Operation.objects.filter(pk=op.pk).update(state=State.RECONCILING,
-                                                  version=F("version") + 1)
-        insert_event(op, to_state=State.RECONCILING, actor_kind=ActorKind.RECONCILER,
-                     fencing_token=token)
+            f"found {found}")):
+        raw_claim(op, token)
     assert Operation.objects.get(pk=op.pk).state == State.OUTCOME_UNKNOWN
 
 
@@ -367,11 +373,7 @@ def test_postgresql_refuses_a_reconciler_event_without_its_leases_current_token(
 def test_postgresql_takes_a_reconciler_event_with_its_leases_current_token():
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
     _, new = reconciler_took_over(op)
-    with transaction.atomic():
-        Operation.objects.filter(pk=op.pk).update(state=State.RECONCILING,
-                                                  version=F("version") + 1)
-        insert_event(op, to_state=State.RECONCILING, actor_kind=ActorKind.RECONCILER,
-                     fencing_token=new)
+    raw_claim(op, new)
     assert Operation.objects.get(pk=op.pk).state == State.RECONCILING
 
 
