@@ -513,20 +513,20 @@ def _pinned(connection_class, address: str):
     return connect_to
 
 
-class _PinnedHTTPHandler(urllib.request.HTTPHandler):
+class _Pinned:
+    """A urllib handler whose connections go to `address`."""
+
     def __init__(self, address: str):
         super().__init__()
         self.address = address
 
+
+class _PinnedHTTPHandler(_Pinned, urllib.request.HTTPHandler):
     def http_open(self, req):
         return self.do_open(_pinned(http.client.HTTPConnection, self.address), req)
 
 
-class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, address: str):
-        super().__init__()
-        self.address = address
-
+class _PinnedHTTPSHandler(_Pinned, urllib.request.HTTPSHandler):
     def https_open(self, req):
         return self.do_open(_pinned(http.client.HTTPSConnection, self.address), req,
                             context=self._context)
@@ -536,9 +536,9 @@ def _opener(url: str, address: str | None) -> urllib.request.OpenerDirector:
     """No redirects; connections to `address` when given, unless a proxy from the
     environment carries the request (the proxy then resolves the name, under its rules)."""
     handlers: list = [_NoRedirect]
-    host = urlsplit(url).hostname or ""
-    proxied = urlsplit(url).scheme in urllib.request.getproxies() and not (
-        urllib.request.proxy_bypass(host))
+    parts = urlsplit(url)
+    proxied = parts.scheme in urllib.request.getproxies() and not (
+        urllib.request.proxy_bypass(parts.hostname or ""))
     if address is not None and not proxied:
         handlers += [_PinnedHTTPHandler(address), _PinnedHTTPSHandler(address)]
     return urllib.request.build_opener(*handlers)
