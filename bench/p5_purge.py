@@ -38,7 +38,7 @@ SCALES = {"quick": 100_000, "full": 1_000_000}
 
 
 def purge_process(ready, start, results) -> None:
-    """Purge everything due as `manage.py purge` does by default (its batch size and pause);
+    """Purge everything due as `manage.py purge` does by default (its batch size, target and pause);
     report each step's duration (sealing what agents committed meanwhile, then one batch),
     each batch transaction's alone and when each batch ended (time.monotonic, which every
     process of the machine shares), and first the purge's backend pid."""
@@ -65,7 +65,7 @@ def purge_process(ready, start, results) -> None:
     start.wait()
     last[0] = time.perf_counter()
     result = retention.purge(actor="bench-p5", progress=on_progress, pause=pause)
-    results.put((batch_times, result.batch_seconds, batch_ends))
+    results.put((batch_times, result.batch_seconds, batch_ends, result.batch_sizes))
 
 
 # One sample: the WAL insert position, and every other server process at work (pid, backend
@@ -162,6 +162,7 @@ def main() -> dict:
 
     n = SCALES[args.scale]
     pause_ms = retention.POLITE_PAUSE.total_seconds() * 1000
+    target_ms = retention.BATCH_TARGET.total_seconds() * 1000
     tag = uuid.uuid4().hex[:6]
     reset()
     print(f"seeding {n:,} resolved operations", flush=True)
@@ -204,7 +205,7 @@ def main() -> dict:
     agent(during, lambda: purger.is_alive() and results.empty())
     try:  # before join: a process that put a large result exits once it has been read
         steps, batches = Stopwatch("sealing + batch"), Stopwatch("batch")
-        steps.samples, batches.samples, batch_ends = results.get(timeout=60)
+        steps.samples, batches.samples, batch_ends, sizes = results.get(timeout=60)
     except queue.Empty:
         purger.join(timeout=10)
         raise SystemExit(f"expected the purge process to report its batches, found none "
@@ -231,6 +232,8 @@ def main() -> dict:
         ("purge", f"{len(batches.samples)} batches in {purge_seconds:.1f} s: "
                   f"{len(batches.samples) / purge_seconds:.1f} batches/s"),
         ("longest batch", ms(max(batches.samples))),
+        ("batch sizes", f"{min(sizes)}-{max(sizes)}: {sum(s < max(sizes) for s in sizes)} batches "
+                        f"made smaller after one over {target_ms:.0f} ms"),
         ("median batch", ms(batches.median)),
         ("p99 batch", ms(batches.percentile(0.99))),
         ("sealing + batch, longest", f"{ms(max(steps.samples))} (median "
@@ -247,6 +250,8 @@ def main() -> dict:
         "pause_ms": pause_ms,
         "batches_per_s": len(batches.samples) / purge_seconds,
         "longest_batch_ms": max(batches.samples) * 1000,
+        "batch_target_ms": target_ms, "smallest_batch": min(sizes),
+        "smaller_batches": sum(s < max(sizes) for s in sizes),
         "p99_batch_ms": batches.percentile(0.99) * 1000,
         "longest_step_ms": max(steps.samples) * 1000,
         "p50_ratio": during.median / baseline.median,

@@ -64,6 +64,13 @@ POLITE_PAUSE = timedelta(milliseconds=10)
 # per 500 operations; 250 keeps a batch, and so the longest pause of agents' writes to the
 # same pages, well under 100 ms (bench P5).
 DEFAULT_BATCH = 250
+# How long a batch's transaction should take at most. A batch that took longer halves the
+# next one (down to MIN_BATCH); one that took under half of it grows the next by a quarter
+# (up to the `batch` asked for). A busy server then gets smaller batches rather than longer
+# locks: in bench P5 at 1M operations on 2 cores, the longest batches were the ones that
+# waited 27-46 ms for a CPU while autovacuum ran (`p5_purge.py --waits`), several in a row.
+BATCH_TARGET = timedelta(milliseconds=50)
+MIN_BATCH = 10
 Progress = Callable[[str], None]
 
 
@@ -363,6 +370,25 @@ class PurgeResult:
     # How long each batch's transaction took (pick, purge or redact, commit), in order: what
     # holds the batch's rows locked; the sealing between batches is not part of it.
     batch_seconds: list[float] = field(default_factory=list)
+    # The size each of those batches was given (at most `batch`; see BATCH_TARGET).
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class BatchSizer:
+    """The size of the next batch: `most` while batches take under `target`; halved (not
+    below MIN_BATCH) after one that took longer, grown by a quarter (not above `most`) after
+    one that took under half of it. pt-online-schema-change's --chunk-time adapts its chunks
+    to the time they take in the same spirit."""
+
+    def __init__(self, most: int, target: timedelta):
+        self.most, self.target = most, target.total_seconds()
+        self.size = most
+
+    def took(self, seconds: float) -> None:
+        if seconds > self.target:
+            self.size = max(min(MIN_BATCH, self.most), self.size // 2)
+        elif seconds < self.target / 2:
+            self.size = min(self.most, self.size + max(1, self.size // 4))
 
 
 def purge(
@@ -373,6 +399,7 @@ def purge(
     now: datetime | None = None,
     progress: Progress | None = None,
     pause: timedelta = timedelta(0),
+    batch_target: timedelta = BATCH_TARGET,
 ) -> PurgeResult:
     """Purge, then redact, what every policy allows; one `PurgeRun` per policy.
 
@@ -384,17 +411,23 @@ def purge(
     interrupt and rerun. `dry_run` writes only the PurgeRun, with the counts a real purge
     would reach now. Never deletes a non-terminal operation. `pause` is slept after each
     batch (outside any transaction), leaving the database's CPU and WAL to the agents writing
-    meanwhile: bench/ P5 measures what it buys them.
+    meanwhile: bench/ P5 measures what it buys them. `batch` is the most a batch takes: one
+    whose transaction took longer than `batch_target` halves the next (`BatchSizer`).
     """
     check_identifier(actor, "actor", 200)
     check_whole_number(batch, low=1, high=10_000, expected="batch to be from 1 to 10000 operations")
     check_aware(now, "now")
     check_duration(pause, "pause", high=MAX_PAUSE)
+    check_duration(batch_target, "batch_target", high=MAX_PAUSE)
+    if not batch_target:
+        raise InvalidInput(f"expected batch_target to be a timedelta above 0, found "
+                           f"{batch_target!r}")
     now = now or timezone.now()
     say = progress or (lambda message: None)
     ordered = policies_by_specificity()
     result = PurgeResult()
     between = _pauser(pause)
+    sizer = BatchSizer(batch, batch_target)
     # What is committed gets its links first (the sealer's own work, a dry run included so
     # that it counts what a purge would reach): only sealed events can be purged and anchored.
     chain.seal()
@@ -404,8 +437,8 @@ def purge(
         if dry_run:
             _record_dry_run(run, _preview_one(policy, ordered, now))
         else:
-            _purge_policy(run, policy, ordered, now, batch, say, result, between)
-            _redact_policy(run, policy, ordered, now, batch, say, result, between)
+            _purge_policy(run, policy, ordered, now, sizer, say, result, between)
+            _redact_policy(run, policy, ordered, now, sizer, say, result, between)
         run.finished_at = timezone.now()
         run.save(update_fields=["finished_at"])
         say(f"{policy}: {'would purge' if dry_run else 'purged'} {run.operations_purged} "
@@ -435,29 +468,33 @@ def _pauser(pause: timedelta) -> Callable[[], None]:
     return (lambda: time.sleep(seconds)) if seconds else (lambda: None)
 
 
-def _purge_policy(run, policy, ordered, now, batch, say, result, between) -> None:
+def _purge_policy(run, policy, ordered, now, sizer, say, result, between) -> None:
     # What agents committed since the last batch gets its links too (a tenant another
     # sealer is working on is skipped): the batch's check for unsealed events reads them
     # all, and without a sealer running beside a long purge they would pile up (bench P5 at
     # 1M: 178k, read by every pick).
-    _in_batches(lambda after: _purge_batch(run, policy, ordered, now, batch, after),
-                before_each=chain.seal, done=result.purged_operation_ids,
-                timings=result.batch_seconds,
-                report=lambda: say(f"{policy}: purged {run.operations_purged} operations so far"),
-                between=between)
+    _in_batches(lambda after, size: _purge_batch(run, policy, ordered, now, size, after),
+                before_each=chain.seal, done=result.purged_operation_ids, sizer=sizer,
+                result=result, between=between,
+                report=lambda: say(f"{policy}: purged {run.operations_purged} operations so far"))
 
 
-def _in_batches(next_batch, *, before_each, done, timings, report, between) -> None:
-    """Run `next_batch(after)` until it returns no ids: each batch's ids go to `done`, its
-    transaction's duration (seconds) to `timings`; `report` and `between` follow each."""
+def _in_batches(next_batch, *, before_each, done, sizer, result, report, between) -> None:
+    """Run `next_batch(after, size)` until it returns no ids, `sizer` choosing each size:
+    each batch's ids go to `done`, its transaction's duration (seconds) and size to
+    `result`'s batch_seconds and batch_sizes; `report` and `between` follow each."""
     after = None
     while True:
         before_each()
+        size = sizer.size
         started = time.perf_counter()
-        ids, after = next_batch(after)
+        ids, after = next_batch(after, size)
         if not ids:
             return
-        timings.append(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        sizer.took(seconds)
+        result.batch_seconds.append(seconds)
+        result.batch_sizes.append(size)
         done.extend(ids)
         report()
         between()
@@ -527,15 +564,14 @@ def _sanctioned_batch(run, rule, batch, function: str, after, *, wait_for_flush=
     return ids, (last_completed, last_pk)
 
 
-def _redact_policy(run, policy, ordered, now, batch, say, result, between) -> None:
+def _redact_policy(run, policy, ordered, now, sizer, say, result, between) -> None:
     if _redactable_sql(policy, ordered, now) is None:
         return
-    _in_batches(lambda after: _redact_batch(run, policy, ordered, now, batch, after),
-                before_each=lambda: None, done=result.redacted_operation_ids,
-                timings=result.batch_seconds,
+    _in_batches(lambda after, size: _redact_batch(run, policy, ordered, now, size, after),
+                before_each=lambda: None, done=result.redacted_operation_ids, sizer=sizer,
+                result=result, between=between,
                 report=lambda: say(f"{policy}: redacted {run.operations_redacted} operations "
-                                   "so far"),
-                between=between)
+                                   "so far"))
 
 
 def _redact_batch(run, policy, ordered, now, batch, after):

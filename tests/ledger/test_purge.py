@@ -116,6 +116,47 @@ def test_a_pause_out_of_range_is_refused_before_anything_is_written(thirty_days,
         call_command("purge", "--pause-ms", "-5")
 
 
+def test_a_slow_batch_halves_the_next_and_quick_ones_grow_it_back_to_the_most_asked():
+    sizer = retention.BatchSizer(250, timedelta(milliseconds=50))
+    sizes = []
+    for seconds in [0.020, 0.060, 0.060, 0.040, 0.200, 0.200, 0.200, 0.200, 0.010, 0.010]:
+        sizer.took(seconds)
+        sizes.append(sizer.size)
+    # 20 ms: under half the target, already the most; 60 ms: halved twice; 40 ms: kept;
+    # 200 ms: halved down to MIN_BATCH (10) and no lower; 10 ms: a quarter more each time
+    assert sizes == [250, 125, 62, 62, 31, 15, 10, 10, 12, 15]
+    for _ in range(30):
+        sizer.took(0.001)
+    assert sizer.size == 250
+    small = retention.BatchSizer(4, timedelta(milliseconds=50))
+    small.took(1.0)
+    assert small.size == 4  # a batch asked for below MIN_BATCH is not shrunk further
+
+
+@pytest.mark.django_db
+def test_batches_that_take_longer_than_the_target_make_the_next_ones_smaller(thirty_days):
+    ops = [aged(State.SUCCEEDED, 40) for _ in range(35)]
+    # Every real batch takes longer than a microsecond: 20, then 10 (MIN_BATCH), then 10.
+    result = retention.purge(actor="test", batch=20, batch_target=timedelta(microseconds=1))
+    assert result.batch_sizes == [20, 10, 10]
+    assert sorted(result.purged_operation_ids) == sorted(o.operation_id for o in ops)
+    assert not Operation.objects.exists()
+    assert PurgeRun.objects.get().batch_size == 20  # the run records the most asked for
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("target", [timedelta(0), timedelta(seconds=-1), timedelta(minutes=2),
+                                    0.05])
+def test_a_batch_target_out_of_range_is_refused_before_anything_is_written(thirty_days, target):
+    aged(State.REJECTED, 40)
+    with pytest.raises(InvalidInput, match="expected batch_target to be a timedelta"):
+        retention.purge(actor="cron", batch_target=target)
+    assert not PurgeRun.objects.exists() and Operation.objects.count() == 1
+    with pytest.raises(CommandError, match="expected --batch-target-ms of 1 or more, found 0"):
+        call_command("purge", "--batch-target-ms", "0")
+    assert Operation.objects.count() == 1
+
+
 @pytest.mark.django_db
 def test_bad_batch_size_is_refused(thirty_days):
     with pytest.raises(CommandError, match="expected batch to be from 1 to 10000"):
@@ -253,7 +294,7 @@ def test_the_purge_command_reports_its_batches_and_the_longest(thirty_days, caps
     for _ in range(3):
         aged(State.SUCCEEDED, 40)
     call_command("purge", "--batch", "2", actor="cron")
-    assert "purged 3 operations, redacted 0, in 1 policies; 2 batches, the longest " in (
+    assert "purged 3 operations, redacted 0, in 1 policies; 2 batches of 2-2, the longest " in (
         capsys.readouterr().out)
 
 
