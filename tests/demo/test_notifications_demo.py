@@ -48,6 +48,32 @@ def test_the_demo_channel_delivers_to_the_catcher_which_verifies_and_lists_it(
 
 
 @pytest.mark.django_db
+def test_a_demo_served_on_another_port_gets_its_own_channel_and_the_old_one_is_disabled(
+        settings):
+    admin = UserFactory(username="admin", role="admin")
+    settings.LEDGER_DESK_URL = "http://127.0.0.1:8000"
+    first = demo_notifications.seed_notification_channel(io.StringIO(), user=admin)
+    settings.LEDGER_DESK_URL = "http://127.0.0.1:8741"
+    out = io.StringIO()
+    second = demo_notifications.seed_notification_channel(out, user=admin)
+    assert (second.name, second.url, second.is_active) == (
+        "demo-catcher-8741", "http://127.0.0.1:8741/demo/webhook-catcher/", True)
+    first.refresh_from_db()
+    assert first.name == "demo-catcher" and not first.is_active
+    assert "demo-catcher disabled: it delivers to http://127.0.0.1:8000/" in out.getvalue()
+    # Back on the first port: its channel is enabled again, the other one disabled, and
+    # nothing new is created; seeding twice changes nothing.
+    settings.LEDGER_DESK_URL = "http://127.0.0.1:8000"
+    again = demo_notifications.seed_notification_channel(io.StringIO(), user=admin)
+    assert demo_notifications.seed_notification_channel(io.StringIO(), user=admin) == again
+    assert again.pk == first.pk and again.is_active
+    second.refresh_from_db()
+    assert not second.is_active and NotificationChannel.objects.count() == 2
+    # Each change is audited like any other: created, disabled, enabled again.
+    assert first.changes.count() == 3 and second.changes.count() == 2
+
+
+@pytest.mark.django_db
 def test_the_catcher_refuses_a_wrong_signature_and_escapes_what_it_lists(client):
     body = json.dumps({"total": 1, "tenant": "<b>t</b>", "channel": "c", "counts": {},
                        "items": [], "more": 0}).encode()
