@@ -59,10 +59,11 @@ MAX_PAUSE = timedelta(minutes=1)
 # agents writing meanwhile get the database to themselves for a moment (bench/ P5 measures
 # their p99 with and without it).
 POLITE_PAUSE = timedelta(milliseconds=10)
-# Operations per purge batch by default. A batch's cost is mostly PostgreSQL's foreign-key
-# checks at commit, eight per deleted operation (the tables that refer to it), about 30 ms
-# per 500 operations; 250 keeps a batch, and so the longest pause of agents' writes to the
-# same pages, well under 100 ms (bench P5).
+# Operations per purge batch by default (at most: see BATCH_TARGET). A batch's cost is
+# mostly PostgreSQL's foreign-key checks, eight per deleted operation (the tables that refer
+# to it), run row by row: 6-9 ms per 250 operations since they are RESTRICT (migration 0029;
+# 11-16 ms as NO ACTION); a batch of 250 takes about 20 ms, its pick and commit included
+# (bench P5).
 DEFAULT_BATCH = 250
 # How long a batch's transaction should take at most. A batch that took longer halves the
 # next one (down to MIN_BATCH); one that took under half of it grows the next by a quarter

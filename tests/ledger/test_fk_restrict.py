@@ -17,7 +17,7 @@ from tests.support.retention import complete_days_ago, retention_admin
 def _references():
     with connection.cursor() as cursor:
         cursor.execute("""
-            SELECT c.conrelid::regclass::text, c.confdeltype, c.condeferrable
+            SELECT c.conrelid::regclass::text, c.confdeltype, c.condeferrable, c.convalidated
               FROM pg_constraint c
              WHERE c.confrelid = 'ledger_operation'::regclass AND c.contype = 'f'
              ORDER BY 1""")
@@ -27,11 +27,10 @@ def _references():
 @pytest.mark.django_db
 def test_every_table_that_refers_to_an_operation_restricts_its_deletion_at_once():
     found = _references()
-    # RESTRICT ('r'), never deferrable: a migration that alters one of these fields makes
-    # Django re-create the key as NO ACTION DEFERRABLE, which this catches.
-    assert [(table, action, deferrable) for table, action, deferrable in found
-            if (action, deferrable) != ("r", False)] == []
-    assert {table for table, _, _ in found} >= {
+    # RESTRICT ('r'), never deferrable, validated: a migration that alters one of these
+    # fields makes Django re-create the key as NO ACTION DEFERRABLE, which this catches.
+    assert [row for row in found if row[1:] != ("r", False, True)] == []
+    assert {table for table, *_ in found} >= {
         "ledger_operationevent", "ledger_evidence", "ledger_claim", "ledger_operationnote",
         "ledger_resolutionproposal", "ledger_notificationsent", "ledger_approval",
         "ledger_approvalrequest"}
