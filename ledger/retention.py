@@ -39,6 +39,7 @@ from ledger.inputs import (
     check_duration,
     check_identifier,
     check_operation_pattern,
+    check_positive_duration,
     check_tenant_or_every,
     check_whole_number,
 )
@@ -419,10 +420,8 @@ def purge(
     check_whole_number(batch, low=1, high=10_000, expected="batch to be from 1 to 10000 operations")
     check_aware(now, "now")
     check_duration(pause, "pause", high=MAX_PAUSE)
+    check_positive_duration(batch_target, "batch_target")
     check_duration(batch_target, "batch_target", high=MAX_PAUSE)
-    if not batch_target:
-        raise InvalidInput(f"expected batch_target to be a timedelta above 0, found "
-                           f"{batch_target!r}")
     now = now or timezone.now()
     say = progress or (lambda message: None)
     ordered = policies_by_specificity()
