@@ -10,7 +10,7 @@ the deferred check) and then for referring rows; RESTRICT skips the first look. 
 ACTION, 6-9 ms with RESTRICT. Nothing relied on the deferral: retention's function is the
 one path that deletes operations (migration 0015), and it now deletes the referring rows
 first. What changes for a raw DELETE of an operation: the key of its events refuses it at
-the statement ("still referenced from table ledger_operationevent"), before the
+the statement ("... is referenced from table ledger_operationevent"), before the
 terminal-only check (a statement trigger, so after the row-level keys) would; with the
 events gone, as only the purge's sanction allows, that check still refuses an unfinished
 operation.
