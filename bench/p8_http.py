@@ -76,11 +76,11 @@ class LeanClient:
         self.headers = {"Authorization": f"Bearer {secret}",
                         "Content-Type": "application/json"}
 
-    def post(self, path: str, payload: dict) -> tuple[int, dict]:
+    def post(self, path: str, payload: dict) -> tuple[int, bytes]:
         self.connection.request("POST", path, body=json.dumps(payload).encode(),
                                 headers=self.headers)
         response = self.connection.getresponse()
-        return response.status, json.loads(response.read())
+        return response.status, response.read()
 
     def close(self) -> None:
         self.connection.close()
@@ -140,34 +140,35 @@ def main() -> dict:
             receipts.mark_submitted(op, actor="bench")
             receipts.mark_succeeded(op, external_id=f"ext-{i}", actor="bench")
 
-        def over_http(client=client):
+        def lifecycle(post):
+            """The three POSTs of one receipt through `post(path, payload)`, which returns
+            the status and the body's bytes (every side's client, the same requests)."""
             i = next(counter)
-            r = client.post("/api/v1/operations", json={
+            status, body = post("/api/v1/operations", {
                 "operation": "bench.http", "target": "https://cms.example/api",
                 "intent": intent(i), "idempotency_key": f"p8-{run}-{i}"})
-            operation_id = r.json()["operation_id"]
-            r2 = client.post(f"/api/v1/operations/{operation_id}/submitted", json={})
-            r3 = client.post(f"/api/v1/operations/{operation_id}/succeeded",
-                             json={"external_id": f"ext-{i}"})
-            if (r.status_code, r2.status_code, r3.status_code) != (201, 200, 200):
-                raise SystemExit(f"expected 201, 200, 200, found {r.status_code} "
-                                 f"{r2.status_code} {r3.status_code}: {r3.text[:300]}")
-
-        def transport_only():
-            over_http(floor_client)
-
-        def over_http_lean():
-            i = next(counter)
-            status, body = lean.post("/api/v1/operations", {
-                "operation": "bench.http", "target": "https://cms.example/api",
-                "intent": intent(i), "idempotency_key": f"p8-{run}-{i}"})
-            operation_id = body["operation_id"]
-            status2, _ = lean.post(f"/api/v1/operations/{operation_id}/submitted", {})
-            status3, body3 = lean.post(f"/api/v1/operations/{operation_id}/succeeded",
-                                       {"external_id": f"ext-{i}"})
+            operation_id = json.loads(body)["operation_id"]
+            status2, _ = post(f"/api/v1/operations/{operation_id}/submitted", {})
+            status3, body3 = post(f"/api/v1/operations/{operation_id}/succeeded",
+                                  {"external_id": f"ext-{i}"})
             if (status, status2, status3) != (201, 200, 200):
                 raise SystemExit(f"expected 201, 200, 200, found {status} {status2} "
-                                 f"{status3}: {str(body3)[:300]}")
+                                 f"{status3}: {body3[:300].decode(errors='replace')}")
+
+        def httpx_post(side):
+            def post(path, payload):
+                response = side.post(path, json=payload)
+                return response.status_code, response.content
+            return post
+
+        def over_http():
+            lifecycle(httpx_post(client))
+
+        def transport_only():
+            lifecycle(httpx_post(floor_client))
+
+        def over_http_lean():
+            lifecycle(lean.post)
 
         for _ in range(20):  # warm caches, plans and connections on every side
             in_process()

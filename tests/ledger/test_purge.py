@@ -158,6 +158,16 @@ def test_a_batch_target_out_of_range_is_refused_before_anything_is_written(thirt
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("option", ["--pause-ms", "--batch-target-ms"])
+def test_a_duration_too_large_for_a_timedelta_is_refused_with_the_limit(thirty_days, option):
+    aged(State.REJECTED, 40)
+    with pytest.raises(CommandError, match=f"expected {option} of 60000 or less, found "
+                                           f"{10**20}"):
+        call_command("purge", option, str(10**20))
+    assert not PurgeRun.objects.exists() and Operation.objects.count() == 1
+
+
+@pytest.mark.django_db
 def test_bad_batch_size_is_refused(thirty_days):
     with pytest.raises(CommandError, match="expected batch to be from 1 to 10000"):
         call_command("purge", "--batch", "0")

@@ -12,6 +12,7 @@ from ledger.errors import LedgerError
 
 DEFAULT_PAUSE_MS = int(retention.POLITE_PAUSE.total_seconds() * 1000)
 DEFAULT_TARGET_MS = int(retention.BATCH_TARGET.total_seconds() * 1000)
+MAX_MS = int(retention.MAX_PAUSE.total_seconds() * 1000)
 
 
 class Command(BaseCommand):
@@ -46,6 +47,10 @@ class Command(BaseCommand):
             raise CommandError(f"expected --pause-ms of 0 or more, found {pause_ms}")
         if batch_target_ms < 1:
             raise CommandError(f"expected --batch-target-ms of 1 or more, found {batch_target_ms}")
+        # Checked before a timedelta is built of them: one too large overflows it.
+        for option, value in (("--pause-ms", pause_ms), ("--batch-target-ms", batch_target_ms)):
+            if value > MAX_MS:
+                raise CommandError(f"expected {option} of {MAX_MS} or less, found {value}")
         try:
             result = retention.purge(actor=actor, batch=batch, dry_run=dry_run, progress=say,
                                      pause=timedelta(milliseconds=pause_ms),
