@@ -28,9 +28,14 @@ max_requests_jitter = int(os.environ.get("GUNICORN_MAX_REQUESTS_JITTER", 500))
 # Load the application in each worker after the fork: a database pool or the embedded
 # PostgreSQL's connection must never be shared between processes.
 preload_app = False
-# Behind a reverse proxy on another host, set FORWARDED_ALLOW_IPS to its address so that
-# X-Forwarded-Proto (SECURE_PROXY_SSL_HEADER) is believed.
-forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+# Addresses whose X-Forwarded-For / X-Forwarded-Proto the server believes: none by
+# default. Believed, X-Forwarded-For replaces the client's address (REMOTE_ADDR), so that
+# any client on a trusted address could choose the address the login lockout counts; a
+# proxy on the same host would make every local client trusted. Behind a reverse proxy,
+# either set FORWARDED_ALLOW_IPS to the proxy's own address (only the proxy connects
+# here), or leave it empty and set LEDGER_TRUSTED_PROXY_COUNT (docs/security-network.md).
+# Django reads X-Forwarded-Proto itself (SECURE_PROXY_SSL_HEADER), whatever this says.
+forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "")
 accesslog = os.environ.get("GUNICORN_ACCESS_LOG", "-")
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")

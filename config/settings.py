@@ -217,16 +217,18 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_FAILURE_VIEW = "review.security.csrf_failure"
 
 # Login lockout (django-axes). After LEDGER_LOGIN_FAILURE_LIMIT wrong passwords for one
-# username from one client address, that pair is refused, even with the right password,
+# username, from any address, that username is refused, even with the right password,
 # until LEDGER_LOGIN_COOLOFF_MINUTES after its last attempt (attempts during the lockout
-# restart the clock). Keyed on the pair rather than the username alone, so that someone
-# guessing from elsewhere cannot lock a reviewer out of their own desk; a success resets
-# the count. Behind reverse proxies set LEDGER_TRUSTED_PROXY_COUNT so the client address
-# is read from X-Forwarded-For (review.security.client_ip). `manage.py axes_reset_username
-# NAME` unlocks at once.
+# restart the clock); so is one client address after as many failures across usernames,
+# where the address is trustworthy (review.security.lockout_parameters). An attacker who
+# changes address gains nothing; the price is that they can lock a reviewer out for the
+# cool-off (`manage.py axes_reset_username NAME` unlocks at once). A success resets the
+# count. The address is REMOTE_ADDR; behind reverse proxies set LEDGER_TRUSTED_PROXY_COUNT
+# so that it is read from the proxies' own entries of X-Forwarded-For
+# (review.security.client_ip; docs/security-network.md).
 AXES_FAILURE_LIMIT = int(os.environ.get("LEDGER_LOGIN_FAILURE_LIMIT", 10))
 AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("LEDGER_LOGIN_COOLOFF_MINUTES", 15)))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = "review.security.lockout_parameters"
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "review.security.client_ip"
 AXES_LOCKOUT_CALLABLE = "review.security.locked_out"

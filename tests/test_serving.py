@@ -166,3 +166,28 @@ def test_gunicorn_serves_the_desk_its_static_files_health_and_metrics_over_asgi(
     response, _ = browser.request("GET", "/metrics")
     assert response.status == 401
     assert "Traceback" not in log.read_text()
+
+
+def _login(browser: Browser, username: str, password: str, forwarded_for: str):
+    response, body = browser.request("GET", "/accounts/login/")
+    token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', body).group(1).decode()
+    return browser.request("POST", "/accounts/login/", {
+        "username": username, "password": password, "csrfmiddlewaretoken": token,
+    }, headers={"X-Forwarded-For": forwarded_for})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_x_forwarded_for_on_every_attempt_does_not_escape_the_lockout(server):
+    """The attack as it was run: from loopback, 20 wrong passwords, each claiming another
+    address in X-Forwarded-For, then the right one from yet another. The served stack
+    believes no forwarded header by default, and the lockout counts the username."""
+    browser, log = server
+    user = UserFactory(username="targeted-reviewer", role="reviewer")
+    user.set_password(PASSWORD)
+    user.save()
+    for i in range(20):
+        response, _ = _login(browser, "targeted-reviewer", "wrong", f"198.51.100.{i + 1}")
+        assert response.status in (200, 429)
+    response, body = _login(browser, "targeted-reviewer", PASSWORD, "203.0.113.77")
+    assert response.status == 429, body[:500]
+    assert "Login locked" in body.decode()

@@ -67,33 +67,71 @@ def test_a_success_below_the_limit_logs_in_and_resets_the_count(client, alice, s
 
 
 @pytest.mark.django_db
-def test_the_lockout_is_per_username_and_address(alice, settings):
+def test_wrong_passwords_from_rotating_addresses_still_lock_the_username(alice, settings):
+    # What a client gets when a front server rewrites REMOTE_ADDR from a header it is sent:
+    # a new address on every attempt. The count is the username's, wherever it comes from.
+    for i in range(20):
+        login(Client(REMOTE_ADDR=f"203.0.113.{i}"), "alice", "wrong")
+    assert login(Client(REMOTE_ADDR="198.51.100.7"), "alice", PASSWORD).status_code == 429
+
+
+@pytest.mark.django_db
+def test_the_lockout_counts_per_username_and_per_trustworthy_address(alice, settings):
     bob = UserFactory(username="bob", role="reviewer")
     bob.set_password(PASSWORD)
     bob.save()
+    carol = UserFactory(username="carol", role="reviewer")
+    carol.set_password(PASSWORD)
+    carol.save()
     attacker = Client(REMOTE_ADDR="203.0.113.9")
-    for _ in range(settings.AXES_FAILURE_LIMIT):
-        login(attacker, "alice", "wrong")
-    assert login(attacker, "alice", PASSWORD).status_code == 429
-    # Alice at her own address, and another user at the attacker's, still log in.
-    assert login(Client(REMOTE_ADDR="198.51.100.7"), "alice", PASSWORD).status_code == 302
-    assert login(Client(REMOTE_ADDR="203.0.113.9"), "bob", PASSWORD).status_code == 302
+    for i in range(settings.AXES_FAILURE_LIMIT):
+        login(attacker, f"nobody-{i}", "wrong")  # one address, many usernames
+    assert login(Client(REMOTE_ADDR="203.0.113.9"), "bob", PASSWORD).status_code == 429
+    assert login(Client(REMOTE_ADDR="198.51.100.7"), "carol", PASSWORD).status_code == 302
+
+
+@pytest.mark.django_db
+def test_the_client_written_part_of_x_forwarded_for_is_never_believed(alice, settings):
+    attacker = Client(REMOTE_ADDR="203.0.113.9")
+    for i in range(settings.AXES_FAILURE_LIMIT):
+        login(attacker, "alice", "wrong", HTTP_X_FORWARDED_FOR=f"1.2.3.{i}")
+    assert login(attacker, "alice", PASSWORD,
+                 HTTP_X_FORWARDED_FOR="9.9.9.9").status_code == 429
 
 
 @pytest.mark.django_db
 def test_behind_a_trusted_proxy_the_lockout_keys_on_the_address_the_proxy_saw(
         alice, settings):
     settings.LEDGER_TRUSTED_PROXY_COUNT = 1
+    bob = UserFactory(username="bob", role="reviewer")
+    bob.set_password(PASSWORD)
+    bob.save()
     proxy = {"REMOTE_ADDR": "10.0.0.2"}
     attacker = Client(**proxy)
     for i in range(settings.AXES_FAILURE_LIMIT):
         # The client-written part of the header changes every time; it is not trusted.
-        login(attacker, "alice", "wrong", HTTP_X_FORWARDED_FOR=f"1.2.3.{i}, 203.0.113.9")
-    assert login(attacker, "alice", PASSWORD,
+        login(attacker, f"nobody-{i}", "wrong", HTTP_X_FORWARDED_FOR=f"1.2.3.{i}, 203.0.113.9")
+    # The address the proxy saw is locked for every username; others behind it are not.
+    assert login(attacker, "bob", PASSWORD,
                  HTTP_X_FORWARDED_FOR="9.9.9.9, 203.0.113.9").status_code == 429
-    other = Client(**proxy)
-    assert login(other, "alice", PASSWORD,
+    assert login(Client(**proxy), "bob", PASSWORD,
                  HTTP_X_FORWARDED_FOR="198.51.100.7").status_code == 302
+
+
+@pytest.mark.django_db
+def test_an_address_that_cannot_be_trusted_locks_no_one_but_the_username(alice, settings):
+    # Proxies configured, but the header is missing: REMOTE_ADDR is the proxy itself,
+    # shared by everyone behind it, so it is not counted (the username still is).
+    settings.LEDGER_TRUSTED_PROXY_COUNT = 1
+    bob = UserFactory(username="bob", role="reviewer")
+    bob.set_password(PASSWORD)
+    bob.save()
+    for i in range(settings.AXES_FAILURE_LIMIT):
+        login(Client(REMOTE_ADDR="10.0.0.2"), f"nobody-{i}", "wrong")
+    assert login(Client(REMOTE_ADDR="10.0.0.2"), "bob", PASSWORD).status_code == 302
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        login(Client(REMOTE_ADDR="10.0.0.2"), "alice", "wrong")
+    assert login(Client(REMOTE_ADDR="10.0.0.2"), "alice", PASSWORD).status_code == 429
 
 
 @pytest.mark.django_db
