@@ -140,11 +140,15 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         retry_policy: Annotated[str, Field(
             default="if_absent_proven", description="'never' if a retry must be decided "
             "by a person even when the effect is proven absent.")] = "if_absent_proven",
+        keep: Annotated[list[str] | None, Field(
+            default=None, description="Dotted paths, e.g. ['to', 'subject']: only these "
+            "fields of the intent are stored and fingerprinted; the rest (bodies, personal "
+            "data) never reach the ledger.")] = None,
     ) -> dict[str, Any]:
         data, created = await _call(
             ctx, service.record_intent, operation=operation, target=target, intent=intent,
             idempotency_key=idempotency_key, tenant=tenant, run=run, step=step, call=call,
-            retry_policy=retry_policy,
+            retry_policy=retry_policy, keep=keep,
         )
         return {"created": created, "operation": data}
 

@@ -51,6 +51,9 @@ class RecordIntentIn(Schema):
     retry_policy: RetryPolicyName = "if_absent_proven"
     redact: list[str] = Field(default_factory=list, description="Dotted paths to redact.")
     fingerprint_fields: list[str] | None = None
+    keep: list[str] | None = Field(
+        default=None, description="Dotted paths: only these fields of the intent are stored "
+        "and fingerprinted; the rest never reach the ledger's database.")
 
 
 class SubmittedIn(Schema):

@@ -181,6 +181,7 @@ def record_intent(
     retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
     redact: list[str] | None = None,
     fingerprint_fields: list[str] | None = None,
+    keep: list[str] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
     operation, whatever its state (do not send again)."""
@@ -190,7 +191,7 @@ def record_intent(
     op = receipts.record_intent(
         operation, target, intent, tenant=tenant_for(key, tenant), run=run_obj, step=step,
         idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
-        redact=redact or (), retry_policy=retry_policy, actor=key.name,
+        redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
     )
     return operation_dict(op), op.recorded_now
 

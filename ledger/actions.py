@@ -121,6 +121,7 @@ def action(
     redact: Iterable[str] = (),
     fingerprint_fields: Iterable[str] | None = None,
     in_flight_for=None,
+    keep: Iterable[str] | None = None,
 ):
     """Make a function's external side effect happen at most once per idempotency key.
 
@@ -136,6 +137,10 @@ def action(
     succeeded, `result_unstorable` says why, and UnstorableResult carries the value.
     The ledger never retries: a safe_to_retry operation is sent again when the agent calls
     again (see `retries_due`).
+
+    `keep` (dotted paths into the bound arguments, e.g. ["article.slug", "article.title"]):
+    only those are stored and fingerprinted (`record_intent(keep=)`); the rest of the
+    arguments never reach the database.
     """
     # Checked once, where the action is declared: a malformed declaration fails at import.
     check_operation_name(operation)
@@ -153,6 +158,7 @@ def action(
         raise InvalidInput(f"expected rejections= to be a tuple of exception classes, found "
                            f"{rejections!r}")
     redact_paths = tuple(check_paths(redact, "redact"))
+    kept = None if keep is None else tuple(check_paths(keep, "keep"))
     fields = (None if fingerprint_fields is None
               else tuple(check_paths(fingerprint_fields, "fingerprint_fields")))
 
@@ -172,7 +178,7 @@ def action(
                 operation, target, intent, tenant=tenant,
                 run=scope.run if scope else None, step=scope.step_id if scope else None,
                 idempotency_key=idem, call=call, fingerprint_fields=fields,
-                redact=redact_paths, retry_policy=retry_policy,
+                redact=redact_paths, retry_policy=retry_policy, keep=kept,
             )
             op._ledger_fencing_token = scope.fencing_token if scope else None
             return op

@@ -3,7 +3,11 @@
 Redaction happens before anything is stored: a value under a key that names a secret (at
 any depth), or under a path the caller lists, is replaced by `REDACTED`, and credentials
 inside any other text (`scrub_text`: URL userinfo, `api_key=` parameters, `Bearer` values,
-token shapes such as `sk-...`, AWS key ids, JWTs) are replaced by it too. The fingerprint is
+token shapes such as `sk-...`, AWS key ids, JWTs, this ledger's own `alk_...` agent keys)
+are replaced by it too, as are the value of a name/value pair whose name is a secret's
+({"name": "X-Api-Key", "value": ...}), passwords in prose ("my password is ...", "pw: ...")
+and payment card numbers (Luhn-checked). With `keep`, only the listed fields of an intent
+are stored at all. The fingerprint is
 computed from the redacted intent, so it can never depend on a secret.
 
 `scrub_text` is the one scrubber: every text the ledger stores from an agent, a reconciler
@@ -110,13 +114,69 @@ _TOKEN_SHAPES = re.compile(
     r"|gh[pousr]_[A-Za-z0-9]{10,}|github_pat_\w{10,}"  # GitHub tokens
     r"|xox[abposr]-[A-Za-z0-9-]{6,}"                 # Slack tokens
     r"|AIza[\w-]{30,}"                               # Google API keys
+    r"|alk_[A-Za-z0-9_-]{20,}"                       # this ledger's own agent keys
     r")"
 )
 # A cheap first look: text without any of these holds nothing the passes would change.
 _MAYBE_SECRET = re.compile(
     r"(?i)[=:@]|bearer|basic|sk-|[sr]k_|whsec_|akia|asia|eyj|gh[pousr]_|github_pat_|xox|aiza"
-    r"|-----BEGIN"
+    r"|-----BEGIN|alk_|pass|pw|\d{4}[ -]?\d{4}"
 )
+
+
+# Passwords in prose: "my password is hunter2", "pw: hunter2", "the passcode was 1234".
+# Words that read as the sentence going on ("password is required") are not credentials.
+_PROSE_PASSWORD = re.compile(
+    r"(?i)(?<![\w-])(?P<head>(?:password|passwd|passphrase|passcode|pwd|pw)"
+    r"(?:\s*[:=]\s*|\s+(?:is|was|would be|will be)\s*:?\s*))"
+    r"(?P<value>[^\s\"'<>]+)"
+)
+_NOT_A_PASSWORD = frozenset({
+    "required", "incorrect", "invalid", "wrong", "expired", "missing", "empty", "correct",
+    "not", "too", "set", "reset", "changed", "the", "a", "an", "still", "needed", "weak",
+    "strong", "valid", "blank", "same", "different", "unknown", "hidden", "redacted",
+})
+_TRAILING = ".,;:!?)]}"
+# A 13-19 digit number, maybe grouped by spaces or dashes, starting as a payment card's
+# number does (2-6): the Luhn check then tells a card from an order number.
+_CARD = re.compile(r"(?<![\w-])[2-6]\d{3}(?:[ -]?\d){9,15}(?![\w-])")
+# {"name": "X-Api-Key", "value": "..."} written as text (JSON or a Python repr).
+_NAMED_VALUE = re.compile(
+    r"(?P<head>(?P<q>[\"'])(?:name|key|header|field)(?P=q)\s*:\s*(?P<qn>[\"'])"
+    r"(?P<name>[^\"'\n]{1,100})(?P=qn)\s*,\s*(?P=q)(?:value|val|content)(?P=q)\s*:\s*)"
+    r"(?P<value>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')"
+)
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        n = int(char)
+        if index % 2:
+            n = n * 2 - 9 if n > 4 else n * 2
+        total += n
+    return total % 10 == 0
+
+
+def _is_card_number(text: str) -> bool:
+    digits = text.replace(" ", "").replace("-", "")
+    return 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits)
+
+
+def _prose_password(match: re.Match) -> str:
+    value = match["value"]
+    core = value.rstrip(_TRAILING)
+    if not core or core.lower() in _NOT_A_PASSWORD or _is_redacted(core) or (
+            core.startswith("/") and not match["head"].rstrip().endswith((":", "="))):
+        return match[0]
+    return match["head"] + REDACTED + value[len(core):]
+
+
+def _named_value(match: re.Match) -> str:
+    if not is_secret_key(match["name"]) or _is_redacted(match["value"]):
+        return match[0]
+    quote = match["value"][0]
+    return f"{match['head']}{quote}{REDACTED}{quote}"
 
 
 def _is_redacted(value: str) -> bool:
@@ -163,6 +223,9 @@ def scrub_text(text: Any) -> Any:
     text = _COOKIE_LINE.sub(lambda m: m[1] + REDACTED, text)
     text = _PAIR.sub(_pair, text)
     text = _SCHEME.sub(_scheme, text)
+    text = _NAMED_VALUE.sub(_named_value, text)
+    text = _PROSE_PASSWORD.sub(_prose_password, text)
+    text = _CARD.sub(lambda m: REDACTED if _is_card_number(m[0]) else m[0], text)
     return _TOKEN_SHAPES.sub(_token_shape, text)
 
 
@@ -186,13 +249,25 @@ def redact(value: Any, paths: Iterable[str] = ()) -> Any:
     return _redact(value, split_paths)
 
 
+# A name/value pair as headers, form fields and parameters are often listed:
+# {"name": "X-Api-Key", "value": "..."}: the value is secret when the name is a secret's.
+_PAIR_NAMES = ("name", "key", "header", "field")
+_PAIR_VALUES = frozenset({"value", "val", "content"})
+
+
+def _secret_pair_name(value: Mapping) -> bool:
+    return any(isinstance(value.get(name), str) and is_secret_key(value[name])
+               for name in _PAIR_NAMES)
+
+
 def _redact(value: Any, paths: list[tuple[str, ...]]) -> Any:
     if isinstance(value, str):
         return scrub_text(value)
     if isinstance(value, Mapping):
+        named_secret = _secret_pair_name(value)
         out = {}
         for key, item in value.items():
-            if is_secret_key(key) or (key,) in paths:
+            if is_secret_key(key) or (key,) in paths or (named_secret and key in _PAIR_VALUES):
                 out[scrub_text(key)] = REDACTED
                 continue
             deeper = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
@@ -200,8 +275,41 @@ def _redact(value: Any, paths: list[tuple[str, ...]]) -> Any:
             out[clean] = REDACTED if clean in out else _redact(item, deeper)
         return out
     if isinstance(value, (list, tuple)):
+        if (len(value) == 2 and isinstance(value[0], str) and is_secret_key(value[0])
+                and not isinstance(value[1], Mapping | list | tuple)):
+            return [scrub_text(value[0]), REDACTED]  # ("Authorization", "...") header pairs
         return [_redact(item, paths) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and _is_card_number(str(value)):
+        return REDACTED
     return value
+
+
+def keep(value: Mapping[str, Any], paths: Iterable[str]) -> dict[str, Any]:
+    """Only the dotted `paths` of `value`, in its shape: keep(["customer.id", "items.sku"])
+    of {"customer": {"id": 7, "name": ...}, "items": [{"sku": "A", "note": ...}]} is
+    {"customer": {"id": 7}, "items": [{"sku": "A"}]}. A path walks into every element of a
+    list it meets (as `redact`'s do); a path that is not there keeps nothing."""
+    return _keep(value, [tuple(p.split(".")) for p in paths if p])
+
+
+def _keep(value: Any, paths: list[tuple[str, ...]]) -> Any:
+    if any(not path for path in paths):
+        return value  # the whole of it is kept
+    if isinstance(value, list | tuple):
+        return [_keep(item, paths) for item in value]
+    if not isinstance(value, Mapping):
+        return _DROPPED
+    out = {}
+    for key, item in value.items():
+        deeper = [p[1:] for p in paths if p[0] == key]
+        if deeper:
+            kept = _keep(item, deeper)
+            if kept is not _DROPPED:
+                out[key] = kept
+    return out
+
+
+_DROPPED = object()
 
 
 def select_fields(value: Mapping[str, Any], fields: Iterable[str]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from ledger import access, approvals, conf, rows, runs, states, transitions
 from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
+from ledger.canonical import keep as keep_fields
 from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
@@ -100,6 +101,7 @@ def record_intent(
     retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
     actor: str | None = None,
     call: str | None = None,
+    keep: Iterable[str] | None = None,
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
 
@@ -110,14 +112,19 @@ def record_intent(
     operation in one step. Not fenced: a planned receipt has no effect; every change of it
     is (`mark_submitted` ...).
 
-    Secrets (keys naming them at any depth, and the dotted `redact` paths) are replaced
-    before anything is written. With the same (tenant, operation, key) and the same
-    fingerprint it returns the existing operation, whatever its state: the caller must not
-    send again. Same key, other fingerprint: IdempotencyKeyReused. Bad input raises
-    InvalidInput (a ValueError) and writes nothing. `op.recorded_now` says whether this call
-    recorded it (True) or found it (False), also when concurrent callers race on one key.
+    `keep` (dotted paths, e.g. ["amount", "customer.id", "items.sku"]): only those fields of
+    the intent are stored and fingerprinted; the rest never reach the database. Secrets
+    (keys naming them at any depth, the dotted `redact` paths, and credentials in text:
+    `canonical.scrub_text`) are replaced before anything is written, kept fields included.
+
+    With the same (tenant, operation, key) and the same fingerprint it returns the existing
+    operation, whatever its state: the caller must not send again. Same key, other
+    fingerprint: IdempotencyKeyReused. Bad input raises InvalidInput (a ValueError) and
+    writes nothing. `op.recorded_now` says whether this call recorded it (True) or found it
+    (False), also when concurrent callers race on one key.
     """
     redact_paths = check_paths(redact, "redact")
+    kept = None if keep is None else check_paths(keep, "keep")
     fields = None if fingerprint_fields is None else check_paths(fingerprint_fields,
                                                                  "fingerprint_fields")
     check_operation_name(operation)
@@ -131,6 +138,8 @@ def record_intent(
             f"expected intent to be a JSON object (a dict), found {type(intent).__name__}"
         )
     check_json(intent, what="intent")
+    if kept is not None:
+        intent = keep_fields(intent, kept)
     stored_intent = _redact_intent(intent, redact_paths)
     intent_fingerprint = fingerprint(stored_intent, fields)
     _check_run_and_step(run, step)

@@ -395,3 +395,18 @@ def test_a_submission_under_an_approval_policy_is_409_approval_required(make_key
                                              "urn:agent-ledger:problem:approval-required")
     assert (body["approvals_needed"], body["approvals_live"]) == (1, 0)
     assert Operation.objects.get().state == "planned"
+
+
+def test_keep_stores_only_the_listed_fields_and_the_rest_never_reaches_the_database(
+        make_key, client_for):
+    agent = client_for(make_key("keep-bot"))
+    created = record(agent, idempotency_key="keep-1", keep=["to", "subject"],
+                     intent={**INTENT, "body": "UnkeptBodyQ9 for Ada"})
+    assert created.status_code == 201, created.text
+    assert created.json()["intent"] == {"to": "ada@example.com", "subject": "Invoice 42"}
+    stored = Operation.objects.get(idempotency_key="keep-1")
+    assert stored.intent == {"to": "ada@example.com", "subject": "Invoice 42"}
+    assert "UnkeptBodyQ9" not in json.dumps(list(
+        OperationEvent.objects.filter(operation=stored).values()), default=str)
+    refused = record(agent, idempotency_key="keep-2", keep="to")
+    assert_problem(refused, 422)

@@ -187,3 +187,22 @@ def test_stdio_refuses_to_start_without_a_live_key():
     bad = subprocess.run([sys.executable, "manage.py", "mcp", "--key", "alk_nope"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "expected a live agent key" in bad.stderr
+
+
+def test_record_intent_with_keep_stores_only_the_listed_fields(make_key):
+    secret = make_key("keep-mcp-bot")
+
+    async def main():
+        async with stdio(secret) as client:
+            recorded = await client.call_tool("ledger_record_intent", {
+                "operation": "mail.send", "target": "smtp://mail.example",
+                "intent": {"to": "ada@example.com", "body": "UnkeptMcpBodyQ9"},
+                "idempotency_key": "keep-mcp", "keep": ["to"]})
+            assert not recorded.is_error, recorded.content
+            return recorded.structured_content["operation"]
+
+    op = anyio.run(main)
+    assert op["intent"] == {"to": "ada@example.com"}
+    assert Operation.objects.get().intent == {"to": "ada@example.com"}
+    assert "UnkeptMcpBodyQ9" not in json.dumps(list(OperationEvent.objects.values()),
+                                                default=str)

@@ -162,3 +162,79 @@ def test_intents_differing_only_in_a_secret_are_one_operation_under_one_key():
     other = receipts.record_intent("secrets.send", "https://api.example",
                                    {**intent("FirstSecret1"), "title": "Bye"})
     assert other.intent_fingerprint != first.intent_fingerprint
+
+
+# What redaction by key name and by token shape alone let through (issue 30): the ledger's
+# own agent secrets, the value of a name/value pair whose name is a secret's, passwords in
+# prose and card numbers.
+PROSE = {
+    "agent_key": "calling with alk_AgentSecretQ8abcdefghijklmnopqrstuvwxyz0123456789",
+    "prose": "my password is Hunter2Q8, please keep it",
+    "pw": "login failed (pw: PwColonQ8!)",
+    "passcode": "the passcode was PasscodeQ8.",
+    "card": "card 4111 1111 1111 1111 declined",
+    "card_plain": "charged 5555555555554444 ok",
+}
+PROSE_SECRETS = ["AgentSecretQ8", "Hunter2Q8", "PwColonQ8", "PasscodeQ8",
+                 "4111 1111 1111 1111", "5555555555554444", "NamedValueQ8", "PairListQ8",
+                 "NamedTextQ8", "4242424242424242"]
+PROSE_TEXT = " | ".join(PROSE.values()) + (
+    ' | {"name": "X-Api-Key", "value": "NamedTextQ8"}')
+NAMED = {"headers": [{"name": "X-Api-Key", "value": "NamedValueQ8"},
+                     {"name": "Accept", "value": "application/json"}],
+         "pairs": [["Authorization", "PairListQ8"], ["Accept", "text/plain"]],
+         "card_number_as_int": 4242424242424242}
+
+
+@reconcile.register("secrets.prose")
+class EchoingProse(reconcile.Reconciler):
+    def lookup(self, op):
+        return reconcile.Found(f"ext {PROSE['pw']}", {"response": PROSE_TEXT, **NAMED},
+                               query={"note": PROSE_TEXT})
+
+
+@pytest.mark.django_db
+def test_agent_keys_named_values_prose_passwords_and_cards_reach_no_stored_text():
+    reviewer = UserFactory(username="sweeper", role="reviewer")
+    run = runs.start(f"publish {PROSE_TEXT}", run_id="run-prose")
+    intent = {"body": PROSE_TEXT, **NAMED, "nested": [{"x": PROSE_TEXT}]}
+    op = receipts.record_intent("secrets.send", "https://api.example", intent)
+    with pytest.raises(TransportDown):
+        with receipts.submit(op):
+            raise TransportDown(f"reset while sending {PROSE_TEXT}")
+    done = receipts.record_intent("secrets.send", "https://api.example", {"n": 2})
+    receipts.mark_submitted(done)
+    receipts.mark_succeeded(done, evidence={"response": PROSE_TEXT, **NAMED})
+    echoed = receipts.record_intent("secrets.prose", "https://api.example", {"n": 3})
+    receipts.mark_submitted(echoed)
+    receipts.mark_outcome_unknown(echoed, error_code="Timeout", detail=PROSE_TEXT)
+    reconcile.run_once(worker="sweeper-worker")
+    unknown = Operation.objects.get(pk=op.pk)
+    receipts.resolve(unknown, State.ABANDONED, user=reviewer, reason=f"checked {PROSE_TEXT}")
+
+    facts.assert_fact("customer:1", "login", {"detail": PROSE_TEXT, **NAMED},
+                      source=f"crawler {PROSE['agent_key']}", run=run)
+    obligations.open(run, "email.send", "ob-prose")
+    obligations.commit("ob-prose", {"receipt": PROSE_TEXT, **NAMED})
+    episodes.record(run, "tool", content=f"called the API: {PROSE_TEXT}")
+
+    stored = stored_text()
+    leaks = {(table, secret) for table, text in stored.items() for secret in PROSE_SECRETS
+             if secret in text}
+    assert leaks == set()
+    # What is not a secret is still there to read.
+    assert "application/json" in stored["ledger_operation"]
+    assert "please keep it" in stored["ledger_operation"]
+    assert "declined" in stored["ledger_episode"]
+
+
+@pytest.mark.parametrize("text", [
+    "the password is required", "password is incorrect", "Password must be 8 characters",
+    "order 1234567890123 shipped",  # 13 digits, not a card's prefix
+    "order 4111111111111112 shipped",  # a card's shape, not Luhn-valid
+    "skeleton key", "pass the salt", "pwd is /home/ada",
+])
+def test_ordinary_text_near_the_new_shapes_is_left_alone(text):
+    from ledger.canonical import scrub_text
+
+    assert scrub_text(text) == text
