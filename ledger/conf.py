@@ -67,8 +67,10 @@ SETTINGS: dict[str, Setting] = {
     ),
     "WEBHOOK_ALLOW_PRIVATE": Setting(
         False, "boolean",
-        "Whether a webhook may point at a loopback, private, link-local or reserved address "
-        "(checked when the channel is saved and before every delivery); off, an admin cannot "
+        "Whether a webhook may point at a loopback, private, link-local, site-local, "
+        "multicast or reserved address, or an IPv6 form embedding one "
+        "(ledger.notifications.address_refusal; checked when the channel is saved and before "
+        "every delivery); off, an admin cannot "
         "aim the ledger at an internal service. config/settings.py turns it on in development "
         "(the demo's catcher is on loopback).",
     ),

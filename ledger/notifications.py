@@ -103,15 +103,81 @@ def check_webhook_url(url: str) -> str:
     return url
 
 
+# IPv6 forms that carry an IPv4 address, and where it sits. A host reached through one of
+# them is the IPv4 host, so it is judged as that host.
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated ::a.b.c.d
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052 well-known prefix
+# RFC 8215's local-use NAT64 prefix: the IPv4 address may sit at any of RFC 6052's offsets
+# and the translator is by definition inside the operator's network. Refused outright.
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_SITE_LOCAL = ipaddress.IPv6Network("fec0::/10")  # deprecated, still routed by some stacks
+
+
+def address_refusal(address: str) -> str | None:
+    """Why a webhook may not connect to `address` (an IPv4 or IPv6 literal, as resolved),
+    or None when it may: the one address rule of webhooks, applied when a channel is saved
+    and before every delivery (`check_destination`).
+
+    Refused: loopback, private (RFC 1918, unique-local fc00::/7), link-local, site-local
+    fec0::/10, multicast, unspecified, shared (100.64/10) and every other address Python's
+    `ipaddress` does not call global; and each IPv6 form that maps or embeds an IPv4 address
+    (::ffff:a.b.c.d, ::a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16, Teredo 2001::/32) when
+    the IPv4 address inside is refused; the local-use NAT64 prefix 64:ff9b:1::/48 and
+    Teredo always. Never connects, never resolves.
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return f"{address!r}, not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64_LOCAL:
+            return f"{ip}, in the local-use NAT64 prefix {_NAT64_LOCAL}"
+        if ip.teredo is not None:
+            return f"{ip}, a Teredo address (relayed to an IPv4 host the relay chooses)"
+        embedded, form = _embedded_ipv4(ip)
+        if embedded is not None:
+            inner = _refusal_of(embedded)
+            return f"{ip}, {form} of {embedded} ({inner})" if inner else None
+    reason = _refusal_of(ip)
+    return f"{ip} ({reason})" if reason else None
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[ipaddress.IPv4Address | None, str]:
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped, "the IPv4-mapped form"
+    if ip.sixtofour is not None:
+        return ip.sixtofour, "the 6to4 form"
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF), "the NAT64 form"
+    if ip in _IPV4_COMPATIBLE and int(ip) > 1:  # :: and ::1 are themselves
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF), "the IPv4-compatible form"
+    return None, ""
+
+
+def _refusal_of(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    for name, refused in (
+        ("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
+        ("site-local", isinstance(ip, ipaddress.IPv6Address) and ip in _SITE_LOCAL),
+        ("private", ip.is_private), ("not global", not ip.is_global),
+    ):
+        if refused:
+            return name
+    return None
+
+
 def check_destination(url: str) -> str | None:
-    """Refuse a webhook whose host resolves to a loopback, private, link-local or reserved
-    address, unless `LEDGER_WEBHOOK_ALLOW_PRIVATE`: an admin of one tenant must not aim the
-    ledger's requests (and the answers shown in the delivery log) at internal services.
-    Checked when a channel is saved and again before every delivery, which connects to the
-    address returned here (the first the host resolved to; None when private ones are
-    allowed) rather than resolving the name a second time: a name that answers a public
-    address to the check and a private one to the connection (DNS rebinding) reaches
-    nothing but the address checked."""
+    """Refuse a webhook whose host resolves to an address `address_refusal` refuses
+    (loopback, private, link-local, site-local, multicast, unspecified, or any of these
+    inside an IPv6 form), unless `LEDGER_WEBHOOK_ALLOW_PRIVATE`: an admin of one tenant
+    must not aim the ledger's requests (and the answers shown in the delivery log) at
+    internal services. Every address the host resolves to is checked, when a channel is
+    saved and again before every delivery, which connects to the address returned here
+    (the first the host resolved to; None when private ones are allowed) rather than
+    resolving the name a second time: a name that answers a public address to the check
+    and a private one to the connection (DNS rebinding) reaches nothing but the address
+    checked. Redirects are never followed (`_NoRedirect`), so no answer can send the
+    delivery elsewhere."""
     if conf.WEBHOOK_ALLOW_PRIVATE:
         return None
     parts = urlsplit(url)
@@ -122,11 +188,11 @@ def check_destination(url: str) -> str | None:
         raise InvalidInput(f"expected a webhook host that resolves, found {parts.hostname!r} "
                            f"not resolving ({exc})") from None
     for *_, address in found:
-        ip = ipaddress.ip_address(address[0].split("%")[0])
-        if not ip.is_global:
+        refusal = address_refusal(address[0])
+        if refusal is not None:
             raise InvalidInput(
                 f"expected a webhook host on a public address (LEDGER_WEBHOOK_ALLOW_PRIVATE "
-                f"admits private ones), found {parts.hostname!r} at {ip}")
+                f"admits private ones), found {parts.hostname!r} at {refusal}")
     return found[0][4][0]
 
 
