@@ -47,8 +47,11 @@ SETTINGS: dict[str, Setting] = {
     ),
     "IN_FLIGHT_SECONDS": Setting(
         60, "positive integer",
-        "Default in-flight window of a submission (`mark_submitted(in_flight_for=)`): a "
-        "reconciler's ProvenAbsent observed before it ends is not taken as proof.",
+        "Default in-flight window of a submission (`mark_submitted(in_flight_for=)`), "
+        "counted from the give-up (the attempt's outcome_unknown): a reconciler's "
+        "ProvenAbsent observed before it ends is not taken as proof. 60 s: above the usual "
+        "client, proxy and load-balancer timeouts (30-60 s), after which a request still "
+        "queued somewhere is rare; raise it for services that queue writes.",
     ),
     "RECONCILER_MODULES": Setting(
         (), "list of module names",

@@ -267,12 +267,17 @@ def mark_submitted(
     mark below).
 
     `in_flight_for` (default `LEDGER_IN_FLIGHT_SECONDS`) is how long this attempt's request
-    may still be travelling: stored as `in_flight_until`, before which the reconciler takes
-    no ProvenAbsent as proof. Like every mark below: `expected_version` (default
-    `op.version`) is the version the caller acted on (StaleVersion if the row moved on);
-    `actor` names the agent on the event. Under an approval policy (`ledger.approvals`), a
-    planned operation needs enough live approvals of its current fingerprint first:
-    ApprovalRequired, or ApprovalDenied when a person denied it.
+    may still land after the sender gives up on it: stored as `in_flight_until`, first from
+    now, then, when the attempt becomes outcome_unknown (the agent's timeout, or the sweep
+    of a sender that is gone), from that moment; before it the reconciler takes no
+    ProvenAbsent as proof. A request can hang for longer than any window (a slow proxy, a
+    queue): the window is counted from when nobody waits for the answer any more.
+
+    Like every mark below: `expected_version` (default `op.version`) is the version the
+    caller acted on (StaleVersion if the row moved on); `actor` names the agent on the
+    event. Under an approval policy (`ledger.approvals`), a planned operation needs enough
+    live approvals of its current fingerprint first: ApprovalRequired, or ApprovalDenied
+    when a person denied it.
 
     A retry also sets `reread_due_at`, the end of the latest in-flight window of every
     attempt so far, this one included: once the retry has succeeded and that time has

@@ -43,18 +43,22 @@ def later(monkeypatch, by: timedelta):
 
 @pytest.mark.django_db
 def test_mark_submitted_stores_the_default_window_of_sixty_seconds():
-    op = sent_and_lost()
+    op = receipts.record_intent("test.inflight", "https://svc.example/a", {"title": "d"})
+    receipts.mark_submitted(op)
     op.refresh_from_db()
     assert op.in_flight_until - op.submitted_at == timedelta(seconds=60)
+    receipts.mark_outcome_unknown(op, error_code="Timeout", detail="no reply")
+    op.refresh_from_db()
+    assert op.in_flight_until - op.unknown_since == timedelta(seconds=60)
 
 
 @pytest.mark.django_db
 def test_the_window_comes_from_the_setting_and_from_in_flight_for(settings):
     settings.LEDGER_IN_FLIGHT_SECONDS = 5
     op = sent_and_lost()
-    assert op.in_flight_until - op.submitted_at == timedelta(seconds=5)
+    assert op.in_flight_until - op.unknown_since == timedelta(seconds=5)
     other = sent_and_lost(in_flight_for=timedelta(minutes=3))
-    assert other.in_flight_until - other.submitted_at == timedelta(minutes=3)
+    assert other.in_flight_until - other.unknown_since == timedelta(minutes=3)
 
 
 @pytest.mark.django_db
@@ -129,3 +133,74 @@ def test_each_attempt_sets_its_own_window(monkeypatch):
     assert op.attempt == 2
     assert op.in_flight_until - op.submitted_at == timedelta(seconds=120)
     assert op.in_flight_until > first_window
+
+
+# --- the window counts from the give-up (issue 30) ---------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_window_counts_from_the_outcome_unknown_transition_not_from_submission():
+    op = sent_and_lost(in_flight_for=timedelta(seconds=30))
+    op.refresh_from_db()
+    assert op.in_flight_until - op.unknown_since == timedelta(seconds=30)
+    assert op.unknown_since > op.submitted_at
+
+
+@pytest.mark.django_db
+def test_a_swept_submission_counts_its_window_from_the_sweep(monkeypatch):
+    op = receipts.record_intent("test.inflight", "https://svc.example/a", {"title": "swept"})
+    receipts.mark_submitted(op, in_flight_for=timedelta(seconds=45))
+    later(monkeypatch, timedelta(hours=2))
+    assert reconcile.sweep_stale_submissions(older_than=timedelta(hours=1)) == 1
+    op.refresh_from_db()
+    assert op.state == State.OUTCOME_UNKNOWN
+    assert op.in_flight_until - op.unknown_since == timedelta(seconds=45)
+    assert op.in_flight_until > op.submitted_at + timedelta(hours=1)
+
+
+@pytest.mark.django_db
+def test_a_call_that_hung_past_its_window_then_timed_out_is_not_retried_into_a_duplicate(
+    monkeypatch,
+):
+    """Default settings; the simulated service holds the request and lands it late, and it
+    does not honour idempotency keys, so only the ledger can prevent the duplicate."""
+    from demo.simulated.articles import ArticlesClient, ArticlesService
+    from ledger import conf
+    from ledger.errors import OutcomeUnknown
+
+    real_now = timezone.now
+    offset = {"by": -timedelta(seconds=conf.IN_FLIGHT_SECONDS + 1)}
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + offset["by"])
+
+    with ArticlesService() as service:
+        service.dedupe_keys = False
+        client = ArticlesClient(service.url, timeout=5)
+        calls = []
+
+        @receipts.action("articles.create", target=client.articles_url,
+                         key=lambda title: f"hung-{title}")
+        def publish(title: str) -> dict:
+            calls.append(title)
+            # Submitted a window and a second ago: the request hung all that time, and
+            # times out now, with the request still in the network.
+            offset["by"] = timedelta(0)
+            fault = "deliver_late" if len(calls) == 1 else None
+            return client.create(title=title, body="text", idempotency_key=f"hung-{title}",
+                                 fault=fault)
+
+        with pytest.raises(OSError):
+            publish("Hung")
+        op = Operation.objects.get(idempotency_key="hung-Hung")
+        assert op.state == State.OUTCOME_UNKNOWN
+        reconcile.run_once(worker="w1")  # reads absent: the request has not landed yet
+        op.refresh_from_db()
+        assert op.state == State.OUTCOME_UNKNOWN
+        with pytest.raises(OutcomeUnknown):
+            publish("Hung")  # not sent again
+        service.deliver_late()
+        offset["by"] = timedelta(seconds=conf.IN_FLIGHT_SECONDS + 1)
+        reconcile.run_once(worker="w1")
+        op.refresh_from_db()
+        assert op.state == State.SUCCEEDED
+        assert calls == ["Hung"]
+        assert len(service.side_effects()) == 1
