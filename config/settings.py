@@ -273,6 +273,8 @@ if os.environ.get("LEDGER_MAX_INTENT_BYTES"):
     LEDGER_MAX_INTENT_BYTES = int(os.environ["LEDGER_MAX_INTENT_BYTES"])
 if os.environ.get("LEDGER_RECONCILE_MAX_FAILURES"):
     LEDGER_RECONCILE_MAX_FAILURES = int(os.environ["LEDGER_RECONCILE_MAX_FAILURES"])
+if os.environ.get("LEDGER_FACT_MAX_FUTURE_SECONDS"):
+    LEDGER_FACT_MAX_FUTURE_SECONDS = int(os.environ["LEDGER_FACT_MAX_FUTURE_SECONDS"])
 if os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS"):
     LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ["LEDGER_STALE_SUBMISSION_SECONDS"])
 # The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;

@@ -53,6 +53,12 @@ SETTINGS: dict[str, Setting] = {
         "client, proxy and load-balancer timeouts (30-60 s), after which a request still "
         "queued somewhere is rare; raise it for services that queue writes.",
     ),
+    "FACT_MAX_FUTURE_SECONDS": Setting(
+        300, "positive integer",
+        "How far past the ledger's clock a fact's observed_at may lie (clock skew between an "
+        "agent and the ledger); later raises InvalidInput. A fact observed in year 9999 "
+        "would otherwise stay current against every real observation.",
+    ),
     "RECONCILER_MODULES": Setting(
         (), "list of module names",
         "Modules imported before reconciling, so that their `@reconcile.register` classes "

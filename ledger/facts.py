@@ -14,14 +14,14 @@ escapes.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import access, chain, leases, runs
+from ledger import access, chain, conf, leases, runs
 from ledger.canonical import fingerprint, redact, scrub_text
 from ledger.errors import InvalidInput, StaleFact, StaleVersion
 from ledger.inputs import (
@@ -77,7 +77,7 @@ def assert_fact(
     if expected_version is not None:
         check_whole_number(expected_version, low=1, high=2**63 - 1,
                            expected="expected_version to be None or a version number >= 1")
-    check_aware(observed_at, "observed_at")
+    _check_observed_at(observed_at)
     check_json(value, what="value")
     value = redact(value)
     run_obj = runs.as_run(run, tenant=tenant) if run is not None else None
@@ -92,6 +92,25 @@ def assert_fact(
         if fencing_token is not None:
             leases.check_run(run_obj.pk, fencing_token)
         return _write(new, expected_version)
+
+
+def _check_observed_at(observed_at: datetime | None) -> None:
+    """None or an aware datetime no later than the ledger's clock plus the allowed skew
+    (`LEDGER_FACT_MAX_FUTURE_SECONDS`): a fact from the future would win every later
+    comparison of observation times."""
+    check_aware(observed_at, "observed_at")
+    if observed_at is None:
+        return
+    limit = timezone.now() + timedelta(seconds=conf.FACT_MAX_FUTURE_SECONDS)
+    if observed_at > limit:
+        raise InvalidInput(
+            f"expected observed_at at most {conf.FACT_MAX_FUTURE_SECONDS} s after the "
+            f"ledger's clock (LEDGER_FACT_MAX_FUTURE_SECONDS), found "
+            f"{observed_at.isoformat()}, {_ahead(observed_at - limit)} beyond that")
+
+
+def _ahead(delta: timedelta) -> str:
+    return f"{delta.days} days" if delta.days else f"{int(delta.total_seconds())} s"
 
 
 def _check_key(subject: Any, predicate: Any, tenant: Any) -> None:

@@ -17,6 +17,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "RECONCILE_MAX_FAILURES": 3,
         "STALE_SUBMISSION_SECONDS": 600,
         "IN_FLIGHT_SECONDS": 60,
+        "FACT_MAX_FUTURE_SECONDS": 300,
         "RECONCILER_MODULES": (),
         "DESK_URL": "http://127.0.0.1:8000",
         "WEBHOOK_SECRETS": {},

@@ -1,9 +1,10 @@
 """Versioned facts: supersede, candidates and conflicts, immutability, races, decisions."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
 
 from ledger import facts, runs
 from ledger.canonical import REDACTED
@@ -424,3 +425,18 @@ def test_open_conflicts_lists_both_sides_in_two_queries(django_assert_num_querie
         rows = [(c.subject, c.current.value, c.candidate.value, c.candidate.source)
                 for c in facts.open_conflicts(tenants={"default"})]
     assert rows == [(f"order:{n}", "paid", "lost", "rumour") for n in range(3)]
+
+
+@pytest.mark.django_db
+def test_an_observation_from_the_future_is_refused_and_writes_nothing(settings):
+    with pytest.raises(InvalidInput, match=r"expected observed_at at most 300 s after the "
+                                           r"ledger's clock \(LEDGER_FACT_MAX_FUTURE_SECONDS\), "
+                                           r"found 9999-01-01T00:00:00\+00:00, .* days beyond"):
+        status("paid", observed_at=datetime(9999, 1, 1, tzinfo=UTC))
+    assert not Fact.objects.exists()
+    settings.LEDGER_FACT_MAX_FUTURE_SECONDS = 60
+    with pytest.raises(InvalidInput, match="at most 60 s after"):
+        status("paid", observed_at=timezone.now() + timedelta(seconds=120))
+    # A real observation afterwards is the current version, not a candidate.
+    fact = status("paid", observed_at=timezone.now() + timedelta(seconds=30))
+    assert fact.version == 1 and not fact.is_candidate
