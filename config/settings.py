@@ -154,6 +154,11 @@ if os.environ.get("LEDGER_DB_POOL", "1" if IS_PRODUCTION else "0") == "1":
 # Child processes started by the tests (crash and kill tests) point at the test database.
 if os.environ.get("LEDGER_DATABASE_NAME"):
     DATABASES["default"]["NAME"] = os.environ["LEDGER_DATABASE_NAME"]
+# The login of this process (docs/security.md: one login per kind of process, in the roles
+# `manage.py db_roles` makes), over DATABASE_URL's or the embedded server's.
+if os.environ.get("LEDGER_DATABASE_USER"):
+    DATABASES["default"]["USER"] = os.environ["LEDGER_DATABASE_USER"]
+    DATABASES["default"]["PASSWORD"] = os.environ.get("LEDGER_DATABASE_PASSWORD", "")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -64,7 +64,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from ledger import chain, conf, leases, states
+from ledger import access, chain, conf, leases, states
 from ledger.canonical import redact, scrub_text
 from ledger.errors import (
     DependencyNotMet,
@@ -136,6 +136,16 @@ def by_agent(
         raise
 
 
+def check_person(user, op: Operation, doing: str):
+    """A saved user who may decide on `op`: `ledger.resolve_operation` and a grant of its
+    tenant, at this moment (PermissionDenied otherwise). PostgreSQL checks the same of the
+    event's `decided_by` (migration 0030); this refuses first, with the ledger's error."""
+    check_user(user, doing)
+    access.require_perm(user, "ledger.resolve_operation", doing=doing)
+    access.require_tenant(user, op.tenant)
+    return user
+
+
 def by_person(
     op: Operation,
     to_state: str,
@@ -157,7 +167,7 @@ def by_person(
             from_state=op.state,
             to_state=to_state,
         )
-    check_user(user, f"decide on operation {op.operation_id}")
+    check_person(user, op, f"decide on operation {op.operation_id}")
     with transaction.atomic(durable=True):
         return _apply(op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
                       decided_by=user.pk, reason=reason, expected_version=expected_version,
@@ -184,7 +194,7 @@ def by_second_person(
             f"({proposal.to_state}) among {states.resolutions_from(op.state)}, found "
             f"{op.state} -> {to_state}", from_state=op.state, to_state=to_state,
         )
-    check_user(user, f"decide on operation {op.operation_id}")
+    check_person(user, op, f"decide on operation {op.operation_id}")
     evidence = {"two_person": {
         "proposal_id": proposal.pk, "proposed_by": proposal.proposed_by_name,
         "proposed_by_id": proposal.proposed_by_id, "proposal_reason": proposal.reason,
@@ -242,6 +252,7 @@ def flag_by_person(
     """A person sets the conflict flag of terminal `op` to `conflict` ("" settles it:
     `receipts.acknowledge`, which checks permissions and input first); in the caller's
     transaction. The event names the user."""
+    check_person(user, op, f"acknowledge operation {op.operation_id}")
     return _apply_flag(op, conflict, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
                        reason=reason, expected_version=expected_version, evidence=evidence,
                        decided_by=user.pk)
@@ -306,7 +317,8 @@ def by_denial(op: Operation, *, user, reason: str, expected_version: int | None 
     checks permissions and records the denial in the same transaction, the caller's)."""
     return _apply(op, State.ABANDONED, actor_kind=ActorKind.HUMAN,
                   actor_id=user.get_username(), reason=f"approval denied: {reason}",
-                  expected_version=expected_version, decided_by=check_user(user, "deny").pk,
+                  expected_version=expected_version,
+                  decided_by=check_person(user, op, "deny operations").pk,
                   changes={"error_code": "ApprovalDenied", "error_detail": reason})
 
 
@@ -339,7 +351,7 @@ def by_intent_edit(
                    else "intent edited and approved",
                    evidence={"edited_from": op.intent_fingerprint,
                              "edited_to": intent_fingerprint},
-                   decided_by=check_user(user, "edit an intent").pk, now=timezone.now(),
+                   decided_by=check_person(user, op, "edit an intent").pk, now=timezone.now(),
                    external_id=op.external_id)
     params = {"id": op.pk, "from_version": version,
               **_db_values({"intent": intent, "intent_fingerprint": intent_fingerprint}),

@@ -1,6 +1,7 @@
-"""The application role cannot switch the ledger's rules off, nor rewrite a settled receipt.
+"""The agent's role cannot switch the ledger's rules off, nor rewrite a settled receipt.
 
-Each attack runs as the least-privileged application role (ledger/sql/app_role.sql), with
+Each attack runs as the agent's role ledger_agent (`manage.py db_roles`, ledger/db_roles.py;
+it superseded the single application role of ledger/sql/app_role.sql), with
 every trigger named in `pgtrigger.ignore` first: the setting any role may set, which the
 triggers honoured until migration 0014. Each statement must be refused by PostgreSQL. The
 attacks on rows run a second time as the tables' owner with the same setting: the triggers
@@ -19,12 +20,24 @@ from django.db import connection, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
-from ledger import access, agent_keys, chain, obligations, receipts, reconcile, retention, runs
+from ledger import (
+    access,
+    agent_keys,
+    chain,
+    db_roles,
+    facts,
+    obligations,
+    receipts,
+    reconcile,
+    retention,
+    runs,
+)
 from ledger.management.commands.app_role import create_app_role
 from ledger.models import (
     ChainAnchor,
     Evidence,
     Fact,
+    FactConflict,
     Obligation,
     Operation,
     OperationEvent,
@@ -37,7 +50,10 @@ from tests.factories import OperationFactory, add_evidence
 from tests.ledger.test_audit_chain import AUDIT_TABLES, decide_a_conflict
 from tests.support.retention import complete_days_ago, retention_admin
 
-ROLE = "ledger_app_test"
+ROLE = db_roles.ROLE[db_roles.AGENT]
+RECONCILER = db_roles.ROLE[db_roles.RECONCILER]
+DESK = db_roles.ROLE[db_roles.DESK]
+LEGACY = "ledger_app_test"  # manage.py app_role's single role, still made on request
 NO_PRIVILEGE = "42501"
 CHECK = "23514"
 
@@ -65,7 +81,7 @@ def every_trigger() -> list[str]:
 
 @pytest.fixture
 def world(db) -> World:
-    create_app_role(ROLE)
+    db_roles.apply()
     submitted = OperationFactory(state=State.SUBMITTED)
     succeeded = OperationFactory(state=State.SUCCEEDED)
     Evidence.objects.create(operation=succeeded, reconciler="r", query={"q": 1},
@@ -209,13 +225,13 @@ def settled_receipt_rewritten(w: World):
     yield Attempt("UPDATE ledger_operation SET external_id = 'forged' WHERE id = %s", [op], CHECK)
     yield Attempt("UPDATE ledger_operation SET completed_at = now() WHERE id = %s", [op], CHECK)
     yield Attempt("UPDATE ledger_operation SET result = '{\"x\": 1}' WHERE id = %s", [op], CHECK)
-    # The app role may write an intent (an approver's edit of a planned one); the transition
-    # trigger refuses any other change of it.
-    yield Attempt("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [op], CHECK)
+    # Only the desk may write an intent (an approver's edit of a planned one); the
+    # transition trigger refuses any other change of it, whoever asks.
+    yield Attempt("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [op], NO_PRIVILEGE)
     yield Attempt("UPDATE ledger_operation SET intent = '{}', intent_fingerprint = 'forged' "
-                  "WHERE id = %s", [op], CHECK)
+                  "WHERE id = %s", [op], NO_PRIVILEGE)
     yield Attempt("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [w.submitted.pk],
-                  CHECK)
+                  NO_PRIVILEGE)
     yield Attempt("UPDATE ledger_operation SET target = 'x' WHERE id = %s", [op], NO_PRIVILEGE)
     yield Attempt("UPDATE ledger_operation SET redacted_at = now() WHERE id = %s", [op],
                   NO_PRIVILEGE)
@@ -257,22 +273,29 @@ def tables_shadowed(w: World):
                   first=(shadow,))
 
 
-def retention_functions_abused(w: World):
+def retention_functions_abused(w: World, refusal: str = CHECK):
     # Too young for the policy (30 days), not terminal, too young to redact (10 days), and
-    # a run the application marked finished.
-    yield Attempt("SELECT ledger_retention_purge(%s, %s)", [w.run.pk, [w.old.pk]], CHECK)
-    yield Attempt("SELECT ledger_retention_purge(%s, %s)", [w.run.pk, [w.submitted.pk]], CHECK)
-    yield Attempt("SELECT ledger_retention_redact(%s, %s)", [w.run.pk, [w.succeeded.pk]], CHECK)
+    # a run the caller marked finished. The agent may not call them at all (`refusal`);
+    # the reconciler, which runs the purge, is refused by the functions' checks.
+    yield Attempt("SELECT ledger_retention_purge(%s, %s)", [w.run.pk, [w.old.pk]], refusal)
+    yield Attempt("SELECT ledger_retention_purge(%s, %s)", [w.run.pk, [w.submitted.pk]],
+                  refusal)
+    yield Attempt("SELECT ledger_retention_redact(%s, %s)", [w.run.pk, [w.succeeded.pk]],
+                  refusal)
     finish = f"UPDATE ledger_purgerun SET finished_at = now() WHERE id = {int(w.run.pk)}"
-    yield Attempt("SELECT ledger_retention_purge(%s, %s)", [w.run.pk, [w.old.pk]], CHECK,
+    yield Attempt("SELECT ledger_retention_purge(%s, %s)", [w.run.pk, [w.old.pk]], refusal,
                   first=(finish,))
+
+
+def retention_functions_called_by_the_agent(w: World):
+    yield from retention_functions_abused(w, NO_PRIVILEGE)
 
 
 ATTACKS = [forged_success, sanctioned_setting_forged, fact_rewritten_in_place,
            obligation_reopened, step_moved_back, events_and_evidence_rewritten,
            events_and_evidence_deleted, audit_rows_deleted, settled_receipt_rewritten,
            truncated, triggers_switched_off, tables_altered, tables_shadowed,
-           retention_functions_abused]
+           retention_functions_called_by_the_agent]
 # What the triggers alone must refuse, even for the owner under pgtrigger.ignore (the owner
 # may TRUNCATE, ALTER and set ledger.sanctioned: it is the maintenance role).
 ROW_ATTACKS = [forged_success, fact_rewritten_in_place, obligation_reopened, step_moved_back,
@@ -293,7 +316,7 @@ def snapshot() -> dict:
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.__name__)
-def test_the_app_role_is_refused(world, attack):
+def test_the_agent_role_is_refused(world, attack):
     before = snapshot()
     attempts = list(attack(world))
     with as_role(ROLE) as cursor:
@@ -301,6 +324,14 @@ def test_the_app_role_is_refused(world, attack):
         user, ignored = cursor.fetchone()
         assert user == ROLE and world.trigger in ignored
         for attempt in attempts:
+            assert_refused(cursor, attempt, sqlstate=attempt.sqlstate)
+    assert snapshot() == before
+
+
+def test_the_retention_functions_refuse_the_reconciler_that_may_call_them(world):
+    before = snapshot()
+    with as_role(RECONCILER) as cursor:
+        for attempt in retention_functions_abused(world):
             assert_refused(cursor, attempt, sqlstate=attempt.sqlstate)
     assert snapshot() == before
 
@@ -341,7 +372,38 @@ def test_the_role_script_refuses_a_role_that_could_switch_the_rules_off(db):
         create_app_role(owner)
 
 
-def test_the_app_role_holds_no_write_beyond_what_the_api_needs(world):
+def table_wide_writes(role: str) -> set[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname, p.privilege_type FROM pg_class c
+              JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
+             CROSS JOIN unnest(ARRAY['UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES',
+                                     'TRIGGER']) AS p(privilege_type)
+             WHERE c.relkind = 'r' AND c.relname LIKE 'ledger\\_%%'
+               AND has_table_privilege(%s, c.oid, p.privilege_type)
+            """, [role])
+        return set(cursor.fetchall())
+
+
+def test_the_legacy_app_role_holds_no_write_beyond_what_the_api_needs(db):
+    create_app_role(LEGACY)
+    # Table-wide UPDATE or DELETE only where the desk edits and removes rows.
+    assert table_wide_writes(LEGACY) == {
+        ("ledger_retentionpolicy", "UPDATE"), ("ledger_retentionpolicy", "DELETE"),
+        ("ledger_approvalpolicy", "UPDATE"), ("ledger_tenantaccess", "DELETE"),
+        ("ledger_claim", "DELETE")}
+
+
+def test_only_the_desk_holds_a_table_wide_write(world):
+    assert table_wide_writes(ROLE) == table_wide_writes(RECONCILER) == set()
+    assert table_wide_writes(DESK) == {
+        ("ledger_retentionpolicy", "UPDATE"), ("ledger_retentionpolicy", "DELETE"),
+        ("ledger_approvalpolicy", "UPDATE"), ("ledger_tenantaccess", "DELETE"),
+        ("ledger_claim", "DELETE")}
+
+
+def test_the_agent_role_holds_no_write_beyond_what_the_api_needs(world):
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -362,35 +424,30 @@ def test_the_app_role_holds_no_write_beyond_what_the_api_needs(world):
         operation_columns = {name for (name,) in cursor.fetchall()}
         cursor.execute("SELECT has_schema_privilege(%s, 'public', 'CREATE')", [ROLE])
         can_create = cursor.fetchone()[0]
-    # Table-wide UPDATE or DELETE only where the desk edits and removes rows.
-    assert table_rights == {("ledger_retentionpolicy", "UPDATE"),
-                            ("ledger_retentionpolicy", "DELETE"),
-                            ("ledger_approvalpolicy", "UPDATE"),
-                            ("ledger_tenantaccess", "DELETE"),
-                            # a reviewer releases their claim (ledger.claims)
-                            ("ledger_claim", "DELETE")}
+    assert table_rights == set()
     assert not can_create
     assert operation_columns.isdisjoint({
         "id", "operation_id", "tenant", "operation", "target", "idempotency_key",
-        "retry_policy", "created_at", "redacted_at", "run_id", "step_id"})
+        "retry_policy", "created_at", "redacted_at", "run_id", "step_id", "intent",
+        "intent_fingerprint"})
     assert {"state", "version", "external_id", "conflict"} <= operation_columns
 
 
-# --- the sanctioned paths, as the application role -----------------------------------------
+# --- the sanctioned paths, each as its kind's role ------------------------------------------
 
 
 @contextmanager
-def as_app():
+def as_app(role: str = ROLE):
     with connection.cursor() as cursor:
-        cursor.execute(f"SET ROLE {ROLE}")
+        cursor.execute(f"SET ROLE {role}")
         try:
             yield cursor
         finally:
             cursor.execute("RESET ROLE")
 
 
-def test_purge_and_redaction_work_as_the_app_role_and_are_recorded(db):
-    create_app_role(ROLE)
+def test_purge_and_redaction_work_as_the_reconciler_and_are_recorded(db):
+    db_roles.apply()
     retention.set_policy("*", purge_after_days=30, redact_after_days=10,
                          user=retention_admin())
     # Evidence as the reconciler writes it: sealed by the event of its verdict.
@@ -407,9 +464,9 @@ def test_purge_and_redaction_work_as_the_app_role_and_are_recorded(db):
     complete_days_ago(redacted, 20)
     events = OperationEvent.objects.filter(operation__in=doomed).count()
 
-    with as_app() as cursor:
+    with as_app(RECONCILER) as cursor:
         cursor.execute("SELECT current_user")
-        assert cursor.fetchone() == (ROLE,)
+        assert cursor.fetchone() == (RECONCILER,)
         result = retention.purge(actor="nightly", batch=2)
         assert chain.verify(actor="test").is_intact
 
@@ -438,22 +495,29 @@ class FoundIt(reconcile.Reconciler):
         return reconcile.Found("ext-9", {"id": "ext-9"})
 
 
-def test_everyday_work_still_runs_as_the_app_role(db):
-    create_app_role(ROLE)
+def test_everyday_work_runs_each_part_as_its_kinds_role(db):
+    db_roles.apply()
     admin = retention_admin()
     lost = OperationFactory(state=State.OUTCOME_UNKNOWN, operation="app_role.found")
-    with as_app():
+    with as_app(RECONCILER):
         assert reconcile.run_once(worker="w-app") == 1
+        retention.purge(actor="nightly", dry_run=True, now=timezone.now() + timedelta(days=1))
+    with as_app(DESK):
         key, secret = agent_keys.create("app-agent", tenants=["t"], user=admin)
+    with as_app(ROLE):
         assert agent_keys.authenticate(secret) == key
+    with as_app(DESK):
         agent_keys.revoke("app-agent", user=admin)
         access.grant(admin, "t", by=admin)
         access.revoke(admin, "t", by=admin)
+    with as_app(ROLE):
         op = receipts.record_intent("articles.create", "t", {"title": "as the app"})
         receipts.mark_submitted(op)
         receipts.mark_outcome_unknown(op, error_code="Timeout", detail="no answer")
+    with as_app(DESK):
         receipts.resolve(op, State.SUCCEEDED, user=admin, reason="seen in the CMS",
                          external_id="a-1")
+    with as_app(ROLE):
         twin = receipts.record_intent("articles.create", "t", {"title": "as the app"},
                                       idempotency_key="again")
         receipts.mark_submitted(twin)
@@ -464,10 +528,14 @@ def test_everyday_work_still_runs_as_the_app_role(db):
         runs.commit_step(run, "one")
         obligations.open(run, "refund", "refund-app")
         obligations.cancel("refund-app", reason="not needed")
-        decide_a_conflict("order-app")
+        facts.assert_fact("order-app", "status", "paid", source="agent-a")
+        facts.assert_fact("order-app", "status", "refunded", source="agent-b")
+    decider = retention_admin("r-order-app")
+    with as_app(DESK):
+        facts.resolve_conflict(FactConflict.objects.get(subject="order-app"),
+                               winner="candidate", user=decider, reason="the bank says so")
         policy = retention.set_policy("articles.*", purge_after_days=60, user=admin)
         retention.delete_policy(policy, user=admin)
-        retention.purge(actor="nightly", dry_run=True, now=timezone.now() + timedelta(days=1))
     op.refresh_from_db()
     assert (op.state, op.external_id, op.conflict) == (State.SUCCEEDED, "a-1", "duplicate")
     lost.refresh_from_db()

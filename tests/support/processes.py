@@ -21,20 +21,24 @@ django.setup()
 """
 
 
-def child_env() -> dict[str, str]:
+def child_env(login: str | None = None) -> dict[str, str]:
+    """The environment of a child on the test database; `login`: logged in as that role
+    (`manage.py db_roles --login`) instead of the test's own login."""
     env = dict(os.environ)
     env["LEDGER_DATABASE_NAME"] = connection.settings_dict["NAME"]
     env["PYTHONUNBUFFERED"] = "1"
+    if login is not None:
+        env["LEDGER_DATABASE_USER"] = login
     return env
 
 
-def spawn(code: str, **kwargs) -> subprocess.Popen:
+def spawn(code: str, *, login: str | None = None, **kwargs) -> subprocess.Popen:
     """Start `code` (after django.setup()) in a child process; stdout is a text pipe."""
     source = PRELUDE.format(root=str(ROOT)) + textwrap.dedent(code)
     return subprocess.Popen(
         [sys.executable, "-c", source],
         cwd=ROOT,
-        env=child_env(),
+        env=child_env(login),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -62,3 +66,17 @@ def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float = 60.0) ->
     _, err = proc.communicate(timeout=10)
     raise AssertionError(f"expected a line starting with {prefix!r} from the child, found none; "
                          f"stderr:\n{err}")
+
+
+def run_as(login: str, code: str, timeout: float = 120.0) -> dict:
+    """Run `code` in a child logged in as `login`; it sets `result` (JSON-able), returned.
+    A child that fails is an AssertionError with its stderr."""
+    import json
+
+    proc = spawn(code + "\nprint('RESULT ' + __import__('json').dumps(result))", login=login)
+    out, err = proc.communicate(timeout=timeout)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"expected the child as {login} to finish, found exit "
+                             f"{proc.returncode}; stderr:\n{err}")
+    return json.loads(lines[-1][len("RESULT "):])

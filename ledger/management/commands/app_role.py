@@ -1,4 +1,10 @@
-"""manage.py app_role --role NAME: run ledger/sql/app_role.sql against the database."""
+"""manage.py app_role --role NAME: run ledger/sql/app_role.sql against the database.
+
+Superseded by `manage.py db_roles` (ledger/db_roles.py): one role per kind of actor (agent,
+reconciler, desk), which PostgreSQL tells apart. The single role made here is kept for
+databases set up with it; it holds no role of db_roles, so since migration 0030 it cannot
+make a person's decision or a reconciler's verdict.
+"""
 
 from pathlib import Path
 
@@ -27,3 +33,6 @@ class Command(BaseCommand):
         create_app_role(role)
         self.stdout.write(f"role {role} has only the rights the application uses "
                           "(ledger/sql/app_role.sql)")
+        self.stderr.write("app_role is superseded by db_roles: one role per kind of actor "
+                          "(ledger_agent, ledger_reconciler, ledger_desk); see "
+                          "docs/security.md")
