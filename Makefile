@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install migrate lint bench serve db-stop clean
+.PHONY: demo demo-reset test docs install migrate lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -22,26 +22,34 @@ install: $(STAMP)
 migrate: install
 	$(PY) manage.py migrate --no-input
 
-# The notification loop runs beside the server (its deliveries go to the demo's catcher at
-# /demo/webhook-catcher/) and is stopped when the server stops.
+# The demo: seed, then the processes of Procfile.demo under honcho (the desk on runserver,
+# the reconciler, the notifier, the sealer and the simulated articles service the
+# reconciler reads). Ctrl-C stops them all; one of them dying stops the others and says so.
 demo: migrate
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed
-	(sleep 3; LEDGER_DESK_URL=http://127.0.0.1:$(PORT) exec $(PY) manage.py notify --interval 5) & \
-	notify_pid=$$!; $(PY) manage.py seal --interval 1 >/dev/null & seal_pid=$$!; \
-	trap 'kill $$notify_pid $$seal_pid 2>/dev/null; wait $$notify_pid $$seal_pid 2>/dev/null' EXIT; \
-	$(PY) manage.py runserver 127.0.0.1:$(PORT)
+	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(VENV)/bin/honcho start -f Procfile.demo -p $(PORT)
 
-# Production-style serving: migrations, static files, then gunicorn (config/gunicorn.conf.py)
-# with uvicorn workers on config.asgi. Bind address: PORT / GUNICORN_BIND.
+# The demo's data as `make demo` first made it: drops the demo database, migrates, seeds.
+demo-reset: install
+	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed --reset
+
+# Every process of a deployment (Procfile: web, reconcile, notify, seal), after migrations
+# and static files, under honcho: one process exiting stops the others, and honcho says
+# which one and with what code. The web process binds PORT (honcho's base port).
 serve: migrate
 	$(PY) manage.py collectstatic --no-input --verbosity 0
-	PORT=$(PORT) $(VENV)/bin/gunicorn -c config/gunicorn.conf.py config.asgi:application
+	$(VENV)/bin/honcho start -f Procfile -p $(PORT)
+
+# The documentation site, offline and strict (a broken link or anchor fails), into site/.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Migrations first: a model, or the transition table behind the operations trigger
 # (ledger/states.py), changed without its migration fails here.
 test: install
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -53,4 +61,4 @@ db-stop: install
 	$(PY) -c 'from pathlib import Path; from config.embedded import stop; print("stopped" if stop(Path.cwd()) else "not running")'
 
 clean:
-	rm -rf $(VENV) .local
+	rm -rf $(VENV) .local site

@@ -71,6 +71,34 @@ def create_database(settings_dict: dict[str, Any]) -> None:
     )
 
 
+def drop_database(settings_dict: dict[str, Any]) -> None:
+    """DROP DATABASE ... WITH (FORCE) for `settings_dict` (its sessions are ended first),
+    through a maintenance database of the same server. For `demo_seed --reset` only."""
+    import psycopg
+    from psycopg import sql
+
+    last: Exception | None = None
+    for maintenance in MAINTENANCE_DATABASES:
+        try:
+            conn = psycopg.connect(
+                dbname=maintenance, host=settings_dict.get("HOST") or "localhost",
+                port=settings_dict.get("PORT") or 5432,
+                user=settings_dict.get("USER") or None,
+                password=settings_dict.get("PASSWORD") or None, autocommit=True,
+                connect_timeout=10,
+            )
+        except psycopg.OperationalError as exc:
+            last = exc
+            continue
+        with conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(settings_dict["NAME"])))
+        return
+    raise CannotCreateDatabase(
+        f'expected to reach a maintenance database to drop "{settings_dict["NAME"]}", '
+        f"found none reachable: {last}")
+
+
 def _createdb_hint(name: str, host: str, port: Any, user: str) -> str:
     return (
         f'expected database "{name}" on {host}:{port} (from DATABASE_URL) to exist, found none, '

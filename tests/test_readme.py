@@ -1,4 +1,10 @@
-"""The README's agent example runs as written, twice, and sends only once."""
+"""The code in the README and on the documentation site runs as written.
+
+The README's decorator example runs twice and sends once; the site's agent example
+(docs/agents/in-process.md) replays without sending; every other complete program on the
+site (a block that calls `django.setup()`) runs in a child process against the test
+database and exits 0; every Python block of the README and the site compiles.
+"""
 
 import re
 from pathlib import Path
@@ -8,39 +14,89 @@ import pytest
 from ledger.models import Operation
 from tests.support.processes import ROOT, spawn
 
-README = (Path(ROOT) / "README.md").read_text()
+DOCS = Path(ROOT) / "docs"
+PAGES = [Path(ROOT) / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def python_blocks(text: str) -> list[str]:
+    """The ```python blocks of a Markdown text, indented ones (in a list item) dedented."""
+    blocks = []
+    for indent, body in re.findall(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
+        blocks.append("\n".join(line[len(indent):] for line in body.splitlines()) + "\n")
+    return blocks
+
+
+def doc_block(page: str, heading: str, index: int = 0) -> str:
+    """The `index`th Python block after `heading` in `page` (README.md or a docs/ path)."""
+    text = (Path(ROOT) / page).read_text()
+    assert heading in text, f"expected the heading {heading!r} in {page}, found none"
+    return python_blocks(text.split(heading, 1)[1])[index]
 
 
 def readme_block(heading: str, index: int = 0) -> str:
-    section = README.split(heading, 1)[1]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[index]
+    return doc_block("README.md", heading, index)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_agent_example_in_the_readme_runs_and_replays_without_sending():
-    code = readme_block("## Writing receipts from an agent", 1)
+def all_blocks() -> list[tuple[str, int, str]]:
+    return [(str(page.relative_to(ROOT)), i, block)
+            for page in PAGES for i, block in enumerate(python_blocks(page.read_text()))]
+
+
+def programs() -> list[tuple[str, int, str]]:
+    """Blocks that are whole programs: they set Django up themselves."""
+    return [entry for entry in all_blocks() if "django.setup()" in entry[2]]
+
+
+def run_twice(code: str) -> list[str]:
     outputs = []
     for _ in range(2):
         child = spawn(code)
         out, err = child.communicate(timeout=120)
         assert child.returncode == 0, err
         outputs.append(out)
+    return outputs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_decorator_example_in_the_readme_sends_once_then_returns_the_stored_result():
+    outputs = run_twice(readme_block("## Wrapping a call in process"))
+    assert "sending hello-world" in outputs[0]
+    assert "sending" not in outputs[1]
+    assert "result {'id': 'article-7', 'slug': 'hello-world'}" in outputs[1]
+    op = Operation.objects.get()
+    assert (op.external_id, op.result) == ("article-7", {"id": "article-7", "slug": "hello-world"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agent_example_on_the_site_runs_and_replays_without_sending():
+    code = doc_block("docs/agents/in-process.md", "Without the decorator")
+    outputs = run_twice(code)
     assert "succeeded article-42 {'Authorization': '[redacted]'}" in outputs[0]
     assert "already recorded, not sending again" in outputs[1]
     assert Operation.objects.count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_decorator_example_in_the_readme_sends_once_then_returns_the_stored_result():
-    code = readme_block("## Writing receipts from an agent")
-    outputs = []
-    for _ in range(2):
-        child = spawn(code)
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        outputs.append(out)
-    assert "sending hello-world" in outputs[0]
-    assert "sending" not in outputs[1]
-    assert "result {'id': 'article-7', 'slug': 'hello-world'}" in outputs[1]
-    op = Operation.objects.get()
-    assert (op.external_id, op.result) == ("article-7", {"id": "article-7", "slug": "hello-world"})
+def test_the_reconciler_example_on_the_site_settles_the_lost_answer_from_the_listing():
+    child = spawn(doc_block("docs/reconcilers.md", "# Reconcilers"))
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert "succeeded msg-1@ada@example.com found" in out
+    assert Operation.objects.get().state == "succeeded"
+
+
+def test_the_pages_hold_the_programs_the_tests_run():
+    """A page that loses its program (or a program added elsewhere) shows up here: each
+    program on the site is run by one of the tests of this module or of its neighbours."""
+    found = sorted({page for page, _, _ in programs()})
+    assert found == ["README.md", "docs/agents/in-process.md", "docs/execution.md",
+                     "docs/reconcilers.md"]
+
+
+@pytest.mark.parametrize(("page", "index", "code"), all_blocks(),
+                         ids=lambda v: v if isinstance(v, str) and v.endswith(".md") else None)
+def test_every_python_block_compiles(page, index, code):
+    try:
+        compile(code, f"{page}#{index}", "exec")
+    except SyntaxError as exc:
+        pytest.fail(f"expected block {index} of {page} to be Python, found {exc}")

@@ -84,7 +84,7 @@ class ArticlesService:
     def __init__(self, *, read_lag: float = 0.0, slow_seconds: float = 2.0,
                  fault: str | None = None, dedupe_keys: bool = True, key_lookup: bool = True,
                  late_seconds: float | None = None,
-                 clock: Callable[[], datetime] | None = None):
+                 clock: Callable[[], datetime] | None = None, port: int = 0):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"expected fault one of {FAULTS} or None, found {fault!r}")
         self.read_lag = read_lag
@@ -96,6 +96,7 @@ class ArticlesService:
         # Where the service's times come from: the real clock, or the ledger's while the
         # demo replays its history in the past (demo.clock), so both tell one time.
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.port = port  # 0: any free port (tests); `manage.py demo_articles` fixes one
         self._late: list[tuple[dict[str, Any], str]] = []
         self._timers: list[threading.Timer] = []
         self._articles: list[dict[str, Any]] = []
@@ -109,7 +110,7 @@ class ArticlesService:
 
     # life cycle
     def start(self) -> ArticlesService:
-        self._server = ThreadingHTTPServer((HOST, 0), _handler_for(self))
+        self._server = ThreadingHTTPServer((HOST, self.port), _handler_for(self))
         self._server.daemon_threads = True
         self._server.block_on_close = False
         self._thread = threading.Thread(target=self._server.serve_forever,

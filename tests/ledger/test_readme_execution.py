@@ -1,15 +1,15 @@
-"""The README's execution example runs as written, twice, with the output it promises."""
+"""The site's execution example runs as written, twice, with the output it promises."""
 
 import pytest
 
 from ledger.models import Fact, FactConflict, Obligation
 from tests.support.processes import spawn
-from tests.test_readme import readme_block
+from tests.test_readme import doc_block
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_execution_example_in_the_readme_runs_twice_and_refuses_to_overwrite():
-    code = readme_block("## Execution state: facts, obligations, runs")
+def test_the_execution_example_on_the_site_runs_twice_and_refuses_to_overwrite():
+    code = doc_block("docs/execution.md", "# Execution state: facts, obligations, runs")
     outputs = []
     for _ in range(2):
         child = spawn(code)

@@ -1,12 +1,16 @@
 """Create the demo users, operations and runs; prints the users' passwords."""
 
+from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
 from demo.execution import seed_execution
 from demo.notifications import seed_notification_channel
 from demo.operations import seed_operations
 from ledger import access, chain
+from ledger.models import Operation, Run
 
 DEMO_USERS = [
     # username, password, group, is_staff
@@ -21,7 +25,18 @@ class Command(BaseCommand):
             "demo operations reconciled against a simulated articles service, and demo runs "
             "with steps, facts (one conflict) and obligations (one overdue).")
 
-    def handle(self, *args, **options):
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--reset", action="store_true",
+            help="drop the demo's database, create and migrate it again, then seed: the demo "
+                 "as it first was (refused with DJANGO_ENV=production)")
+        parser.add_argument(
+            "--force", action="store_true",
+            help="with --reset: drop the database even if it holds operations but no demo run")
+
+    def handle(self, *args, reset=False, force=False, **options):
+        if reset:
+            self.reset_database(force=force)
         for username, password, group, is_staff in DEMO_USERS:
             user, _ = User.objects.get_or_create(username=username)
             user.set_password(password)
@@ -38,6 +53,40 @@ class Command(BaseCommand):
         seed_execution(self.stdout)
         seed_notification_channel(self.stdout, user=User.objects.get(username="admin"))
         verify_audit_chain(self.stdout)
+        self.stdout.write(banner(settings.LEDGER_DESK_URL))
+
+    def reset_database(self, *, force: bool) -> None:
+        if settings.IS_PRODUCTION:
+            raise CommandError("expected a development database for --reset, found "
+                               "DJANGO_ENV=production: a reset drops the whole database")
+        settings_dict = connections["default"].settings_dict
+        name = settings_dict["NAME"]
+        try:
+            foreign = (Operation.objects.exists()
+                       and not Run.objects.filter(run_id__startswith="demo-").exists())
+        except DatabaseError:  # no tables yet (never migrated): nothing to lose
+            foreign = False
+        if foreign and not force:
+            raise CommandError(
+                f'expected database "{name}" to hold the demo (runs demo-*), found operations '
+                "and no demo run; --reset --force drops it anyway")
+        from config.database import create_database, drop_database
+
+        connections.close_all()
+        drop_database(settings_dict)
+        create_database(settings_dict)
+        self.stdout.write(f'Database "{name}" dropped and created again; migrating.')
+        call_command("migrate", interactive=False, verbosity=0)
+
+
+def banner(url: str) -> str:
+    """What `make demo` ends its set-up with: where to go and who to be."""
+    lines = ["", f"Open {url}/ and log in as one of:"]
+    for username, password, group, _ in DEMO_USERS:
+        lines.append(f"  {username:<9} / {password:<20} ({group})")
+    lines += [f"The API is at {url}/api/v1/ (a key: `.venv/bin/python manage.py agent_key "
+              "create NAME --tenant default`). Ctrl-C stops every process.", ""]
+    return "\n".join(lines)
 
 
 def verify_audit_chain(stdout) -> None:

@@ -1,0 +1,38 @@
+"""`manage.py demo_articles`: the simulated articles service, served until SIGTERM."""
+
+import signal
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+
+from demo.simulated.articles import HOST, ArticlesService
+
+DEFAULT_PORT = 8765
+
+
+class Command(BaseCommand):
+    help = ("Serve the simulated articles service (demo/simulated/articles.py) on 127.0.0.1 "
+            "until SIGTERM or Ctrl-C, so that the demo's reconciler has a service to read. "
+            "Its articles live in memory: a restart forgets them.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                            help=f"port on {HOST} (default {DEFAULT_PORT})")
+
+    def handle(self, *args, port, **options):
+        if not 0 < port < 65536:
+            raise CommandError(f"expected --port between 1 and 65535, found {port}")
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            service = ArticlesService(port=port).start()
+        except OSError as exc:
+            raise CommandError(f"expected {HOST}:{port} to be free, found {exc}") from exc
+        self.stdout.write(f"demo_articles: started, articles at {service.articles_url}")
+        try:
+            stop.wait()
+        finally:
+            service.stop()
+        self.stdout.write(f"demo_articles: stopped; {len(service.side_effects())} article(s) "
+                          "created")

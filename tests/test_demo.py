@@ -1,0 +1,97 @@
+"""`make demo`'s processes (Procfile.demo under honcho): the reconciler beside the server
+settles an operation an agent left outcome_unknown over the HTTP API, by reading the
+simulated articles service the demo runs, within its interval; and `demo_seed --reset`
+puts the demo back as it first was."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import os
+import re
+import time
+
+import pytest
+from django.core.management import call_command
+
+from tests.support.honcho import (
+    ROOT,
+    Honcho,
+    database_url,
+    free_port,
+    process_names,
+    procfile_for_tests,
+    wait_for_port,
+)
+
+INTERVAL = float(re.search(r"reconcile --interval (\S+)",
+                           (ROOT / "Procfile.demo").read_text())[1])
+
+
+def call(port: int, method: str, path: str, body: dict | None = None,
+         headers: dict | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                 headers=sent)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, json.loads(data or b"{}")
+
+
+def test_the_demo_runs_a_reconciler_and_the_articles_service_beside_the_server():
+    assert process_names("Procfile.demo") == ["web", "reconcile", "notify", "seal", "articles"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tmp_path):
+    out = io.StringIO()
+    call_command("agent_key", "create", "demo-agent", "--tenant", "default", stdout=out)
+    key = re.search(r"alk_\S+", out.getvalue())[0]
+    auth = {"Authorization": f"Bearer {key}"}
+    port, articles_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"LEDGER_DATABASE_NAME", "DJANGO_ALLOW_ASYNC_UNSAFE", "PORT"}}
+    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1",
+               LEDGER_DESK_URL=f"http://127.0.0.1:{port}")
+    procfile = procfile_for_tests("Procfile.demo", tmp_path,
+                                  {"--port 8765": f"--port {articles_port}"})
+    honcho = Honcho(procfile, port=port, env=env)
+    try:
+        wait_for_port(port, honcho)
+        honcho.read_until(r"reconcile\.1\s+\| reconcile: started")
+        honcho.read_until(r"articles\.1\s+\| demo_articles: started")
+
+        # The agent's call reached the service and committed, but its answer was lost.
+        articles = f"http://127.0.0.1:{articles_port}/articles"
+        status, article = call(articles_port, "POST", "/articles",
+                               {"title": "Harbour reopens", "body": "After the storm"},
+                               {"Idempotency-Key": "harbour-1"})
+        assert status == 201, article
+        status, op = call(port, "POST", "/api/v1/operations", {
+            "operation": "articles.create", "target": articles, "idempotency_key": "harbour-1",
+            "intent": {"title": "Harbour reopens", "body": "After the storm"}}, auth)
+        assert status == 201, op
+        path = f"/api/v1/operations/{op['operation_id']}"
+        status, op = call(port, "POST", f"{path}/submitted", {"expected_version": 1}, auth)
+        assert status == 200, op
+        status, op = call(port, "POST", f"{path}/outcome-unknown",
+                          {"error_code": "TimeoutError", "expected_version": 2}, auth)
+        assert (status, op["state"]) == (200, "outcome_unknown"), op
+
+        # The demo's reconciler reads the service and settles it: within a few of its
+        # intervals (bounded: the loop sleeps INTERVAL when nothing is due).
+        deadline = time.monotonic() + 10 * INTERVAL + 30
+        while time.monotonic() < deadline:
+            status, op = call(port, "GET", path, headers=auth)
+            if op["state"] not in ("outcome_unknown", "reconciling"):
+                break
+            time.sleep(0.5)
+        assert op["state"] == "succeeded", op
+        assert op["external_id"] == article["id"]
+        assert [e["verdict"] for e in op["evidence"]] == ["found"]
+        honcho.read_until(rf"{op['operation_id']} articles\.create found -> succeeded")
+    finally:
+        honcho.stop()

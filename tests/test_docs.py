@@ -1,0 +1,107 @@
+"""The documentation site builds offline and strictly, with its reference pages generated
+from the code, and loads nothing from another origin."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import ROOT
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, f"expected a strict build, found:\n{done.stderr[-4000:]}"
+    return out
+
+
+def page_text(site: Path, uri: str) -> str:
+    return (site / uri).read_text()
+
+
+def test_every_page_of_the_nav_is_built(site):
+    nav = Path(ROOT, "mkdocs.yml").read_text()
+    for source in re.findall(r":\s+([\w/.-]+\.md)\s*$", nav, re.M):
+        built = site / source.replace(".md", ".html")
+        assert built.exists(), f"expected {built} from {source}, found none"
+
+
+def test_the_settings_reference_lists_every_ledger_setting(site):
+    from ledger import conf
+
+    text = page_text(site, "reference/settings.html")
+    for name, setting in conf.SETTINGS.items():
+        assert f"LEDGER_{name}" in text
+        assert setting.kind in text
+
+
+def test_the_http_reference_is_the_openapi_document_the_server_serves(site, client):
+    served = client.get("/api/v1/openapi.json").json()
+    copied = json.loads(page_text(site, "reference/openapi.json"))
+    assert copied["paths"].keys() == served["paths"].keys()
+    text = page_text(site, "reference/http-api.html")
+    for path, methods in served["paths"].items():
+        for method in methods:
+            assert f"{method.upper()} {path}" in text
+
+
+def test_the_errors_reference_names_every_ledger_error_and_its_problem_type(site):
+    from api import problems
+    from ledger import errors
+
+    text = page_text(site, "reference/errors.html")
+    for cls in vars(errors).values():
+        if isinstance(cls, type) and issubclass(cls, errors.LedgerError):
+            assert f"<code>{cls.__name__}</code>" in text
+    for _cls, _status, slug, _title in problems.KINDS:
+        assert problems.type_uri(slug) in text
+    for slug in ("unauthenticated", "invalid-request", "malformed-body", "internal-error"):
+        assert problems.type_uri(slug) in text
+
+
+def test_the_commands_reference_has_the_help_of_every_command(site):
+    text = page_text(site, "reference/commands.html")
+    for name in ("reconcile", "notify", "seal", "purge", "verify_audit", "agent_key", "mcp",
+                 "demo_seed", "demo_articles"):
+        assert f'id="{name}"' in text or f"<code>{name}</code>" in text, name
+    assert "--interval" in text and "--batch-target-ms" in text
+
+
+def test_the_performance_page_has_the_recorded_ratios(site):
+    text = page_text(site, "performance.html")
+    recorded = json.loads(Path(ROOT, "bench/results/published-quick.json").read_text())
+    assert recorded.pop("note")
+    for name, result in recorded.items():
+        assert f"{result['ratio']:.2f}×" in text, name
+
+
+def test_nothing_is_loaded_from_another_origin(site):
+    remote = re.compile(r"""<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)=["']?(?:https?:)?//""")
+    for page in site.rglob("*.html"):
+        found = remote.search(page.read_text())
+        assert found is None, f"expected only local assets in {page}, found {found.group(0)}"
+    css = "".join(p.read_text() for p in site.rglob("*.css"))
+    assert "fonts.googleapis" not in css and "@import url(http" not in css
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    """Strict means strict: a page linking to a page that does not exist stops the build."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Home\n\n[gone](missing.md)\n")
+    (tmp_path / "mkdocs.yml").write_text(
+        Path(ROOT, "mkdocs.yml").read_text().split("\nhooks:")[0] + "\nnav:\n  - index.md\n")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "missing.md" in done.stderr
