@@ -97,13 +97,21 @@ class Verdict:
 
 
 class Found(Verdict):
-    """The effect exists in the external system, with this id."""
+    """The effect exists in the external system, with this id.
+
+    `idempotency_key`: the key the found effect carries, when the service reports it. A key
+    other than the operation's means the effect was made another way (by hand, by another
+    agent): the engine takes it as Ambiguous, both ids in the evidence, unless the
+    reconciler says its service has no keys (`Reconciler.service_has_keys = False`).
+    """
 
     verdict = FOUND
 
-    def __init__(self, external_id: str, observed=None, *, query=None, matched_by: str = ""):
+    def __init__(self, external_id: str, observed=None, *, query=None, matched_by: str = "",
+                 idempotency_key: str | None = None):
         super().__init__(observed, query=query, matched_by=matched_by)
         self.external_id = external_id
+        self.idempotency_key = idempotency_key
 
     def __repr__(self):
         return f"Found({self.external_id!r}, observed={self.observed!r})"
@@ -141,9 +149,13 @@ class Reconciler:
     last, from `unknown_since`), `backoff_initial`/`backoff_max` (the exponential delay
     between attempts), `lease_ttl` (how long one look-up may take before another worker may
     take the operation over), `max_failures` (None: `LEDGER_RECONCILE_MAX_FAILURES`).
+    `service_has_keys` (default True): the service records idempotency keys, so a match
+    under another key than the operation's is not its effect (Found carrying another
+    `idempotency_key` is taken as Ambiguous); False for a service without keys.
     """
 
     name = ""
+    service_has_keys = True
     grace_period = timedelta(minutes=5)
     backoff_initial = timedelta(seconds=10)
     backoff_max = timedelta(minutes=2)
@@ -328,11 +340,25 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
             "fingerprint" if method == "search"
             else "external_id" if op.external_id else "idempotency_key"
         )
-        if op.external_id and op.external_id != external_id:
-            return Outcome(
-                verdict=AMBIGUOUS, matched_by=matched_by, **common,
-                detail=f"found {external_id}, but the receipt already names {op.external_id}",
-            )
+        found_key = verdict.idempotency_key
+        if found_key is not None and not isinstance(found_key, str):
+            raise InvalidInput(f"expected Found's idempotency_key to be a string or None, "
+                               f"found {type(found_key).__name__}")
+        other_key = (bool(found_key) and cls.service_has_keys
+                     and found_key != op.idempotency_key)
+        if (op.external_id and op.external_id != external_id) or other_key:
+            # Both ids, side by side, for the person who decides.
+            ids = {"found": {"external_id": external_id, "idempotency_key": found_key or ""},
+                   "operation": {"external_id": op.external_id,
+                                 "idempotency_key": op.idempotency_key}}
+            common["observed"] = {**common["observed"], "ids": redact(ids)}
+            detail = (f"found {external_id}, but the receipt already names {op.external_id}"
+                      if op.external_id and op.external_id != external_id else
+                      f"found {external_id} by {matched_by}, but under idempotency key "
+                      f"{found_key}, not this operation's {op.idempotency_key}: done another "
+                      "way? a person decides")
+            return Outcome(verdict=AMBIGUOUS, matched_by=matched_by, **common,
+                           detail=scrub_text(storable(detail, 2000)))
         return Outcome(verdict=FOUND, matched_by=matched_by, external_id=external_id,
                        detail=f"{method} found {external_id}", **common)
     detail = {

@@ -64,7 +64,7 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from ledger import access, chain, conf, leases, states
+from ledger import access, chain, leases, states
 from ledger.canonical import redact, scrub_text
 from ledger.errors import (
     DependencyNotMet,
@@ -492,7 +492,9 @@ def _apply(
         # The in-flight window counts from the give-up (the agent's timeout, or the sweep
         # of a sender that is gone), not from submission: a request that hung past its
         # window may still land after the sender stopped waiting for it.
-        fields["in_flight_until"] = now + _window(op)
+        if op.in_flight_until is not None and op.submitted_at is not None:
+            fields["in_flight_until"] = now + max(op.in_flight_until - op.submitted_at,
+                                                  timedelta(0))
 
     # 4. One statement: the row, the duplicate mark, the chain link, the event.
     also_set = {name: value for name, value in fields.items() if name not in _ALWAYS_SET}
@@ -510,13 +512,6 @@ def _apply(
     for name, value in fields.items():
         setattr(op, name, value)
     return op
-
-
-def _window(op: Operation) -> timedelta:
-    """The in-flight window the operation's submission asked for (`mark_submitted`)."""
-    if op.in_flight_until is not None and op.submitted_at is not None:
-        return max(op.in_flight_until - op.submitted_at, timedelta(0))
-    return timedelta(seconds=conf.IN_FLIGHT_SECONDS)
 
 
 def _apply_flag(

@@ -133,6 +133,26 @@ def not_visible_yet(op: Operation, body: Any, consistent_as_of: Any) -> str:
     return ""
 
 
+def optional_key(spec: str | Callable[[Any], Any] | None, value: Any) -> str | None:
+    """The idempotency key `value` shows at `spec`, or None when it shows none."""
+    if spec is None:
+        return None
+    try:
+        found = extract(spec, value)
+    except (KeyError, TypeError, IndexError, AttributeError):
+        return None
+    if found in (None, ""):
+        return None
+    return found if isinstance(found, str) else str(found)
+
+
+def check_keys(keys: Any) -> bool:
+    if not isinstance(keys, bool):
+        raise InvalidInput(f"expected keys to be True (the service records idempotency "
+                           f"keys) or False (it has none), found {keys!r}")
+    return keys
+
+
 def build(base: type[reconcile.Reconciler], operation: str | None, name: str,
           attrs: dict[str, Any], tuning: dict[str, Any]) -> type[reconcile.Reconciler]:
     unknown = set(tuning) - set(TUNING)

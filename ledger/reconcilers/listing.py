@@ -26,6 +26,7 @@ class ListAndMatch(reconcile.Reconciler):
     since_margin = timedelta(minutes=1)
     consistent_as_of: str | Callable[[Any], Any] | None = None
     exclude_attributed = True
+    idempotency_key: str | Callable[[Any], Any] | None = "idempotency_key"
     headers: Mapping[str, str] | Callable[[Operation], Mapping[str, str]] | None = None
     timeout = 5.0
     client: Any = None
@@ -62,6 +63,14 @@ class ListAndMatch(reconcile.Reconciler):
         observed = {"listed": len(items), "limit": self.limit, "complete": complete,
                     "matches": _kit.observed_body(matches),
                     "attributed_to_other_operations": sorted(attributed)}
+        if self.service_has_keys and len(matches) > 1:
+            # The match under this operation's own key is its effect, whatever else the
+            # listing holds; a match under another key is not (the engine: Ambiguous).
+            mine = [m for m in matches if self._key(m) == op.idempotency_key]
+            if len(mine) == 1:
+                return reconcile.Found(self._id(mine[0]), observed, query=query,
+                                       matched_by="idempotency_key",
+                                       idempotency_key=op.idempotency_key)
         if not complete:
             return reconcile.Ambiguous(
                 observed, query=query, matched_by="fingerprint",
@@ -70,7 +79,8 @@ class ListAndMatch(reconcile.Reconciler):
             )
         if len(matches) == 1:
             return reconcile.Found(self._id(matches[0]), observed, query=query,
-                                   matched_by="fingerprint")
+                                   matched_by="fingerprint",
+                                   idempotency_key=self._key(matches[0]))
         if len(matches) > 1:
             return reconcile.Ambiguous(
                 observed, query=query, matched_by="fingerprint",
@@ -113,6 +123,10 @@ class ListAndMatch(reconcile.Reconciler):
             raise LookupFailed(f"expected an id on the matching item, found {found!r}")
         return str(found)
 
+    def _key(self, item: Any) -> str | None:
+        """The idempotency key a listed item carries, or None when it shows none."""
+        return _kit.optional_key(self.idempotency_key, item)
+
     def _attributed_elsewhere(self, op: Operation, matches: list[Any]) -> set[str]:
         """Ids of matches another operation of the same name already owns: not this one's."""
         if not (self.exclude_attributed and matches):
@@ -141,6 +155,8 @@ def list_and_match(
     timeout: float = 5.0,
     client: Any = None,
     name: str = "",
+    idempotency_key: str | Callable[[Any], Any] | None = "idempotency_key",
+    keys: bool = True,
     **tuning: Any,
 ) -> type[ListAndMatch]:
     """A reconciler that lists at most `limit` recent items and matches them on the intent.
@@ -156,8 +172,12 @@ def list_and_match(
     absence); one match -> Found (id by `external_id`, a path or callable of the item);
     several -> Ambiguous with the matches (the operation is flagged "several matches");
     none -> ProvenAbsent, or NotYet when `consistent_as_of` shows the read predates the
-    submission. Registered for `operation` unless it is None (to serve as the `search=` of
-    `http_lookup`).
+    submission. Keys: `idempotency_key` (a path or callable of an item; None: items show
+    none) is the key an item carries; the one match under the operation's own key is
+    Found (by idempotency_key) whatever else matches, and a lone match under another key
+    is Ambiguous (made another way: a person decides, both ids in the evidence).
+    `keys=False`: the service has no keys; content alone decides. Registered for
+    `operation` unless it is None (to serve as the `search=` of `http_lookup`).
     """
     if (url is None) == (listing is None):
         raise InvalidInput(f"expected exactly one of url= and listing=, found url={url!r}, "
@@ -179,6 +199,8 @@ def list_and_match(
         raise InvalidInput(f"expected since_margin to be a timedelta of zero or more, "
                            f"found {since_margin!r}")
     _kit.check_extractor(external_id, "external_id")
+    if idempotency_key is not None:
+        _kit.check_extractor(idempotency_key, "idempotency_key")
     if consistent_as_of is not None:
         _kit.check_extractor(consistent_as_of, "consistent_as_of")
     shown = _kit.shown_url(str(url)) if url is not None else getattr(listing, "__qualname__", "")
@@ -192,4 +214,5 @@ def list_and_match(
         "match": pairs, "external_id": wrap(external_id), "since_margin": since_margin,
         "consistent_as_of": wrap(consistent_as_of), "exclude_attributed": exclude_attributed,
         "headers": wrap(headers), "timeout": float(timeout), "client": client,
+        "idempotency_key": wrap(idempotency_key), "service_has_keys": _kit.check_keys(keys),
     }, tuning)

@@ -31,6 +31,7 @@ class HttpLookup(reconcile.Reconciler):
     consistent_as_of: str | Callable[[Any], Any] | None = None
     then: type[reconcile.Reconciler] | None = None
     client: Any = None
+    idempotency_key: str | Callable[[Any], Any] | None = None
 
     def lookup(self, op: Operation):
         needs = set() if callable(self.url) else _kit.template_fields(self.url)
@@ -53,7 +54,8 @@ class HttpLookup(reconcile.Reconciler):
             if found in (None, ""):
                 raise LookupFailed(f"expected an external id in the 200 answer of "
                                    f"{query['request']}, found {found!r}")
-            return reconcile.Found(str(found), observed, query=query, matched_by=matched_by)
+            return reconcile.Found(str(found), observed, query=query, matched_by=matched_by,
+                                   idempotency_key=_kit.optional_key(self._key_spec(), body))
         if status == 404:
             why = _kit.not_visible_yet(op, body, self.consistent_as_of)
             if why:
@@ -65,6 +67,14 @@ class HttpLookup(reconcile.Reconciler):
             f"expected 200 (found) or 404 (absent) from {query['request']}, found {status}: "
             f"{scrub_text(str(body))[:300]}"
         )
+
+    def _key_spec(self) -> str | Callable[[Any], Any] | None:
+        """Where the answer shows its idempotency key: `idempotency_key`, or by default
+        beside the external id ("article.id" -> "article.idempotency_key")."""
+        if self.idempotency_key is not None or callable(self.external_id):
+            return self.idempotency_key
+        parent = self.external_id.rpartition(".")[0]
+        return f"{parent}.idempotency_key" if parent else "idempotency_key"
 
     def search(self, op: Operation):
         if self.then is None:
@@ -85,6 +95,8 @@ def http_lookup(
     search: type[reconcile.Reconciler] | None = None,
     client: Any = None,
     name: str = "",
+    idempotency_key: str | Callable[[Any], Any] | None = None,
+    keys: bool = True,
     **tuning: Any,
 ) -> type[HttpLookup]:
     """A reconciler that reads one URL per operation; registered for `operation` (unless None).
@@ -103,9 +115,15 @@ def http_lookup(
     credentials) are sent but never recorded. `client`: an `httpx.Client` to send with
     (transports, auth); by default a new one per look-up. `tuning`: `grace_period`,
     `backoff_initial`, `backoff_max`, `lease_ttl`, `max_failures`.
+    `idempotency_key`: where a 200 answer shows the key of what it found (a path or
+    callable; default: beside the external id, "article.idempotency_key" for
+    "article.id"); an answer under another key than the operation's is Ambiguous, both ids
+    in the evidence, unless `keys=False` (the service has no keys).
     """
     _kit.check_template(url, "url")
     _kit.check_extractor(external_id, "external_id")
+    if idempotency_key is not None:
+        _kit.check_extractor(idempotency_key, "idempotency_key")
     if consistent_as_of is not None:
         _kit.check_extractor(consistent_as_of, "consistent_as_of")
     if not (isinstance(fall_back_on, tuple)
@@ -128,4 +146,7 @@ def http_lookup(
         "consistent_as_of": (staticmethod(consistent_as_of) if callable(consistent_as_of)
                              else consistent_as_of),
         "then": search, "client": client,
+        "idempotency_key": (staticmethod(idempotency_key) if callable(idempotency_key)
+                            else idempotency_key),
+        "service_has_keys": _kit.check_keys(keys),
     }, tuning)

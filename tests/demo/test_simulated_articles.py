@@ -198,15 +198,14 @@ def test_without_the_key_index_the_fingerprint_search_finds_the_one_article(serv
 @pytest.mark.django_db
 def test_two_articles_matching_the_fingerprint_are_ambiguous_and_listed(service):
     service.key_lookup = False
-    first = send(service, "Twin", fault="drop_response")
-    second = send(service, "Twin", fault="drop_response")
-    reconcile.run_once(worker="test")
-    for op in (first, second):
-        op.refresh_from_db()
-        [ev] = Evidence.objects.filter(operation=op)
-        assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "ambiguous")
-        assert sorted(m["id"] for m in ev.observed["matches"]) == sorted(
-            a["id"] for a in service.side_effects())
+    # Neither carries the operation's key (made by hand): content alone cannot tell.
+    for n in (1, 2):
+        ArticlesClient(service.url).create(title="Twin", body="text", idempotency_key=f"h{n}")
+    op = send(service, "Twin", fault="lose_request", in_flight_for=timedelta(0))
+    op, [ev] = reconciled(op)
+    assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "ambiguous")
+    assert sorted(m["id"] for m in ev.observed["matches"]) == sorted(
+        a["id"] for a in service.side_effects())
 
 
 @pytest.mark.django_db
@@ -322,3 +321,57 @@ def test_an_agent_killed_at_any_step_boundary_and_resumed_makes_the_same_side_ef
         "after_send": (["found"], 1),
         "after_succeed": ([], 1),
     }[point]
+
+
+# --- a match under another key is not this operation's effect (issue 30) ---------------------
+
+
+@pytest.mark.django_db
+def test_a_hand_sent_twin_under_another_key_is_ambiguous_with_both_ids_in_the_evidence(
+    service,
+):
+    ArticlesClient(service.url).create(title="Twin by hand", body="text",
+                                       idempotency_key="sent-by-hand")
+    service.key_lookup = False  # the search decides, matching on content
+    op = send(service, "Twin by hand", fault="lose_request", in_flight_for=timedelta(0))
+    op, [ev] = reconciled(op)
+    assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "ambiguous")
+    [article] = service.side_effects()
+    assert op.external_id == ""
+    ids = ev.observed["ids"]
+    assert ids["found"] == {"external_id": article["id"], "idempotency_key": "sent-by-hand"}
+    assert ids["operation"]["idempotency_key"] == op.idempotency_key
+    assert "sent-by-hand" in ev.detail and op.idempotency_key in ev.detail
+
+
+@pytest.mark.django_db
+def test_the_twin_under_this_operations_key_is_found_among_other_matches(service):
+    ArticlesClient(service.url).create(title="Pair", body="text", idempotency_key="by-hand")
+    service.key_lookup = False
+    op = send(service, "Pair", fault="drop_response")
+    op, [ev] = reconciled(op)
+    assert (op.state, ev.verdict, ev.matched_by) == (State.SUCCEEDED, "found",
+                                                     "idempotency_key")
+    mine = [a for a in service.side_effects() if a["idempotency_key"] == op.idempotency_key]
+    assert op.external_id == mine[0]["id"]
+
+
+@pytest.mark.django_db
+def test_a_kit_told_the_service_has_no_keys_takes_the_content_match(service):
+    from ledger import reconcilers
+
+    ArticlesClient(service.url).create(title="Keyless", body="text", idempotency_key="other")
+    keyless = reconcilers.list_and_match(
+        "articles.keyless", url="{target}?since={since}&limit={limit}", items="items",
+        match=("title", "body"), limit=20, keys=False)
+    try:
+        op = receipts.record_intent("articles.keyless",
+                                    ArticlesClient(service.url).articles_url,
+                                    {"title": "Keyless", "body": "text"})
+        receipts.mark_submitted(op, in_flight_for=timedelta(0))
+        receipts.mark_outcome_unknown(op, error_code="TimeoutError")
+        op, [ev] = reconciled(op)
+        assert (op.state, ev.verdict) == (State.SUCCEEDED, "found")
+        assert keyless.service_has_keys is False
+    finally:
+        reconcile.unregister("articles.keyless")

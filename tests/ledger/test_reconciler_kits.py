@@ -221,7 +221,7 @@ def test_list_and_match_a_listing_that_hit_its_bound_is_never_proof_of_absence(s
 
 @pytest.mark.django_db
 def test_list_and_match_several_matches_are_ambiguous_and_flag_the_operation(service, kit):
-    by_listing(kit)
+    by_listing(kit, keys=False)  # a service without keys: content alone cannot tell them
     first = send(service, LISTING, "Twin", fault="drop_response")
     second = send(service, LISTING, "Twin", fault="drop_response")
     reconcile.run_once(worker="test")
@@ -308,3 +308,42 @@ def test_the_kits_are_reconcilers_registered_under_their_operation(kit):
     cls = by_key(kit)
     assert issubclass(cls, reconcile.Reconciler)
     assert reconcile.reconciler_for(LOOKUP) is cls
+
+
+@pytest.mark.django_db
+def test_list_and_match_takes_the_match_under_the_operations_own_key(service, kit):
+    by_listing(kit)
+    first = send(service, LISTING, "Twin", fault="drop_response")
+    second = send(service, LISTING, "Twin", fault="drop_response")
+    reconcile.run_once(worker="test")
+    by_key = {a["idempotency_key"]: a["id"] for a in service.side_effects()}
+    for op in (first, second):
+        op.refresh_from_db()
+        [ev] = Evidence.objects.filter(operation=op)
+        assert (op.state, ev.verdict) == (State.SUCCEEDED, "found")
+        assert op.external_id == by_key[op.idempotency_key]
+    # Two effects of one content under two keys: the ledger says so.
+    assert {first.conflict, second.conflict} == {Conflict.DUPLICATE}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("keys", [True, False])
+def test_http_lookup_found_under_another_key_is_ambiguous_unless_the_service_has_none(
+        service, kit, keys):
+    client = ArticlesClient(service.url)
+    by_hand = client.create(title="By hand", idempotency_key="hand-made")
+    # A look-up by something else than the key (a slug, a title) answers the hand-made one.
+    kit(reconcilers.http_lookup, "articles.by-slug",
+        url=lambda op: f"{op.target}/{by_hand['id']}", external_id="article.id", keys=keys)
+    op = receipts.record_intent("articles.by-slug", client.articles_url, {"title": "By hand"},
+                                idempotency_key="agent-key")
+    receipts.mark_submitted(op, in_flight_for=timedelta(0))
+    receipts.mark_outcome_unknown(op, error_code="Timeout")
+    op, [ev] = reconciled(op)
+    if keys:
+        assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "ambiguous")
+        assert ev.observed["ids"]["found"] == {"external_id": by_hand["id"],
+                                               "idempotency_key": "hand-made"}
+        assert ev.observed["ids"]["operation"]["idempotency_key"] == "agent-key"
+    else:
+        assert (op.state, op.external_id) == (State.SUCCEEDED, by_hand["id"])
