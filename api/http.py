@@ -31,6 +31,7 @@ from api.schemas import (
     OperationOut,
     OperationPage,
     Problem,
+    RecordedOut,
     RecordIntentIn,
     ResumeIn,
     ResumeOut,
@@ -168,13 +169,19 @@ def unexpected(request, exc):
 # --- operations --------------------------------------------------------------------------
 
 
-@api.post("/operations", response={201: OperationOut, 200: OperationOut, **ERRORS},
-          summary="Record an intent before the external call")
+@api.post("/operations", response={201: RecordedOut, 200: RecordedOut, **ERRORS},
+          summary="Record an intent before the external call (and submit it: submit=true)")
 def record_intent(request, body: RecordIntentIn):
     """201 with a new planned operation; 200 with the existing one when the idempotency key
     and intent were recorded before (whatever its state: if it is not `planned`, do not
-    send again); 409 when the key names an operation with another intent."""
+    send again); 409 when the key names an operation with another intent.
+
+    With `submit: true` the operation is also marked submitted when it is planned or
+    safe_to_retry, in the same request: `submitted_now` true means send now, false means
+    do not (its state says why). A refusal of the submission is its problem (409), with
+    the recorded operation as `operation`."""
     data, created = service.record_intent(request.auth, **body.dict())
+    data.setdefault("submitted_now", False)
     return Status(201 if created else 200, data)
 
 
@@ -187,7 +194,10 @@ def mark_submitted(request, operation_id: str, body: SubmittedIn):
 @api.post("/operations/{operation_id}/succeeded", response={200: OperationOut, **ERRORS},
           summary="submitted -> succeeded: the external system confirmed it")
 def mark_succeeded(request, operation_id: str, body: SucceededIn):
-    return service.mark(request.auth, operation_id, "succeeded", **body.dict())
+    values = body.dict()
+    if "result" not in body.model_fields_set:
+        del values["result"]  # left out: no result recorded (null is a result)
+    return service.mark(request.auth, operation_id, "succeeded", **values)
 
 
 @api.post("/operations/{operation_id}/rejected", response={200: OperationOut, **ERRORS},
@@ -224,6 +234,7 @@ class OperationFilters(Schema):
     operation: str | None = None
     tenant: str | None = None
     cursor: str | None = Field(default=None, max_length=40)
+    idempotency_key: str | None = Field(default=None, max_length=200)
     limit: int = Field(default=50, ge=1, le=service.MAX_PAGE)
 
 

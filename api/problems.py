@@ -69,4 +69,7 @@ def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
         extra["approvals_needed"], extra["approvals_live"] = exc.needed, exc.have
     elif isinstance(exc, errors.ApprovalDenied):
         extra["reason"] = exc.reason
+    recorded = getattr(exc, "operation_recorded", None)
+    if recorded is not None:  # POST operations with submit: the intent stays recorded
+        extra["operation"] = recorded
     return problem(status, slug, title, str(exc), **extra)

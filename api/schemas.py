@@ -54,6 +54,16 @@ class RecordIntentIn(Schema):
     keep: list[str] | None = Field(
         default=None, description="Dotted paths: only these fields of the intent are stored "
         "and fingerprinted; the rest never reach the ledger's database.")
+    submit: bool = Field(default=False, description="Also mark it submitted in the same "
+                         "request when it is planned or safe_to_retry (a lifecycle in two "
+                         "round trips): `submitted_now` says whether this request did; a "
+                         "refusal of the submission (approval, fencing, dependencies) is "
+                         "its problem, with the recorded `operation`.")
+    fencing_token: int | None = Field(default=None, ge=0, le=2**63 - 1,
+                                      description="With submit: the run lease's token.")
+    in_flight_seconds: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="With submit: how long the request may still land after a timeout.")
 
 
 class SubmittedIn(Schema):
@@ -68,6 +78,10 @@ class SubmittedIn(Schema):
 class SucceededIn(Schema):
     external_id: str | None = None
     evidence: Any = None
+    result: Any = Field(default=None, description="The call's return value, stored "
+                        "(redacted) and returned to a later call of the same key.")
+    result_unstorable: str = Field(default="", max_length=300, description="Why the "
+                                   "caller could not send the result (it is not stored).")
     expected_version: int | None = _version()
     fencing_token: int | None = _token()
 
@@ -125,6 +139,13 @@ class OperationOut(Schema):
     submitted_at: str | None
     in_flight_until: str | None = None
     completed_at: str | None
+    result: Any = None
+    result_unstorable: str = ""
+
+
+class RecordedOut(OperationOut):
+    submitted_now: bool = Field(description="Whether this request marked it submitted "
+                                "(with submit: send now; otherwise do not send).")
 
 
 class ApprovalOut(Schema):
@@ -215,6 +236,8 @@ class StepOut(Schema):
 
 class ResumeIn(Schema):
     ttl_seconds: float | None = Field(default=None, gt=0, le=86400)
+    worker: str | None = Field(default=None, max_length=100, description="Which worker of "
+                               "the key takes the lease: it is held as <key name>/<worker>.")
 
 
 class ResumeOut(Schema):

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ledger import access, agent_keys, approvals, facts, obligations, receipts, rows, runs
-from ledger.errors import InvalidInput, NotFound, PermissionDenied
+from ledger.errors import InvalidInput, LedgerError, NotFound, PermissionDenied, StaleVersion
 from ledger.inputs import check_identifier, check_optional_identifier
 from ledger.models import (
     AgentKey,
@@ -29,7 +29,7 @@ from ledger.models import (
 )
 from ledger.prepared import prepared_cursor
 from ledger.selectors.approvals import gate
-from ledger.states import RetryPolicy
+from ledger.states import RetryPolicy, State
 
 # Whether this ledger has the in-flight window (`mark_submitted(in_flight_for=...)`).
 HAS_IN_FLIGHT_WINDOW = "in_flight_for" in inspect.signature(receipts.mark_submitted).parameters
@@ -182,18 +182,48 @@ def record_intent(
     redact: list[str] | None = None,
     fingerprint_fields: list[str] | None = None,
     keep: list[str] | None = None,
+    submit: bool = False,
+    fencing_token: int | None = None,
+    in_flight_seconds: float | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
-    operation, whatever its state (do not send again)."""
+    operation, whatever its state (do not send again).
+
+    `submit`: the intent and its submission in one request. An operation (new or found)
+    that is planned or safe_to_retry is marked submitted, and `submitted_now` in the
+    returned data says this request did it: the caller sends now. Any other state, or a
+    concurrent caller that moved it first (StaleVersion): `submitted_now` is false and the
+    state says why. A refusal of the submission (ApprovalRequired, StaleFencingToken,
+    DependencyNotMet, ...) is raised with the recorded operation on `.operation_recorded`,
+    which the problem carries: the intent stays recorded either way."""
     run_obj = access_run(key, run) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
+    if not submit and (fencing_token is not None or in_flight_seconds is not None):
+        raise InvalidInput("expected fencing_token and in_flight_seconds only with submit "
+                           f"(found submit {submit!r}): mark it submitted to use them")
     op = receipts.record_intent(
         operation, target, intent, tenant=tenant_for(key, tenant), run=run_obj, step=step,
         idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
         redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
     )
-    return operation_dict(op), op.recorded_now
+    recorded_now = op.recorded_now
+    if not submit:
+        return operation_dict(op), recorded_now
+    submitted_now = False
+    if op.state in (State.PLANNED, State.SAFE_TO_RETRY):
+        marks: dict[str, Any] = {"fencing_token": fencing_token, "actor": key.name}
+        if in_flight_seconds is not None:
+            marks["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
+        try:
+            op = receipts.mark_submitted(op, **marks)
+            submitted_now = True
+        except StaleVersion as exc:
+            op = exc.current or Operation.objects.get(pk=op.pk)
+        except LedgerError as exc:
+            exc.operation_recorded = operation_dict(op)
+            raise
+    return {**operation_dict(op), "submitted_now": submitted_now}, recorded_now
 
 
 def mark(
@@ -206,6 +236,8 @@ def mark(
     in_flight_seconds: float | None = None,
     external_id: str | None = None,
     evidence: Any = None,
+    result: Any = receipts.NO_RESULT,
+    result_unstorable: str = "",
     error_code: str | None = None,
     detail: str = "",
 ) -> dict[str, Any]:
@@ -223,7 +255,9 @@ def mark(
             common["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
         op = receipts.mark_submitted(op, **common)
     elif outcome == "succeeded":
-        op = receipts.mark_succeeded(op, external_id=external_id, evidence=evidence, **common)
+        op = receipts.mark_succeeded(op, external_id=external_id, evidence=evidence,
+                                     result=result, result_unstorable=result_unstorable,
+                                     **common)
     elif outcome == "rejected":
         op = receipts.mark_rejected(op, error_code=error_code, detail=detail, **common)
     elif outcome == "outcome_unknown":
@@ -294,17 +328,21 @@ def list_operations(
     tenant: str | None = None,
     cursor: str | None = None,
     limit: int = 50,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Newest first, keyset-paged on the operation id: `next_cursor` is the id to pass as
-    `cursor` for the next page (None on the last). One query per page."""
+    `cursor` for the next page (None on the last). One query per page. `idempotency_key`
+    (with `operation`): a call's receipt, looked up without recording anything."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"expected limit between 1 and {MAX_PAGE}, found {limit!r}")
     for name, value in (("state", state), ("operation", operation), ("tenant", tenant),
-                        ("cursor", cursor)):
+                        ("cursor", cursor), ("idempotency_key", idempotency_key)):
         check_optional_identifier(value, name, 200)
     rows = _visible(key, Operation.objects.select_related("run", "step"))
     if tenant is not None:
         rows = rows.filter(tenant=tenant)
+    if idempotency_key is not None:
+        rows = rows.filter(idempotency_key=idempotency_key)
     if state is not None:
         rows = rows.filter(state=state)
     if operation is not None:
@@ -379,13 +417,18 @@ def add_step(
             "depends_on": sorted(depends_on or ())}
 
 
-def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None) -> dict[str, Any]:
-    """Take the run's lease for this key's agent; the view carries the fencing `token`."""
+def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None,
+           worker: str | None = None) -> dict[str, Any]:
+    """Take the run's lease for this key's agent (`<key name>/<worker>` when a worker is
+    named, so that two workers of one key fence each other); the view carries the fencing
+    `token`."""
     run = access_run(key, run_id)
+    check_optional_identifier(worker, "worker", 100)
     kwargs = {}
     if ttl_seconds is not None:
         kwargs["ttl"] = _seconds(ttl_seconds, "ttl_seconds")
-    return runs.resume(run, worker=key.name, **kwargs).as_dict()
+    owner = key.name + (f"/{worker}" if worker else "")
+    return runs.resume(run, worker=owner, **kwargs).as_dict()
 
 
 def open_obligation(
@@ -450,6 +493,8 @@ def operation_dict(op: Operation) -> dict[str, Any]:
         "submitted_at": _iso(op.submitted_at),
         "in_flight_until": _iso(op.in_flight_until),
         "completed_at": _iso(op.completed_at),
+        "result": op.result,
+        "result_unstorable": op.result_unstorable,
     }
 
 

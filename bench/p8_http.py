@@ -18,6 +18,11 @@ A fourth side sends the same three POSTs to the same API server with the standar
 library's `http.client` on one keep-alive connection: a client that costs a third of
 httpx's per round trip, nearer to what a Go or TypeScript agent's client costs. Its ratio
 is printed and recorded beside the claim (`lean_client_ratio`); the claim stays httpx's.
+
+Two more sides compare what an agent writes: an action through the Python client
+(`ledger_client`, clients/python: the intent and its submission in one request, then the
+outcome: two round trips) against the same action through the in-process decorator
+(`receipts.action`). Their ratio is recorded as `client_ratio` (goal: at most 2x).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ if __package__ in (None, ""):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "clients" / "python"))
 
 from bench.common import (
     ROOT,
@@ -121,6 +127,9 @@ def main() -> dict:
     floor_client = httpx.Client(base_url=floor_url,
                                 headers={"Authorization": f"Bearer {secret}"}, timeout=30)
     lean = LeanClient(url, secret)  # connects at its first request
+    from ledger_client import Ledger
+
+    agent = Ledger(url, key=secret, tenant="default")
     try:
         for side, path, process in ((client, "/api/v1/openapi.json", server),
                                     (floor_client, "/", floor_server)):
@@ -170,17 +179,36 @@ def main() -> dict:
         def over_http_lean():
             lifecycle(lean.post)
 
+        def create(article: dict) -> dict:
+            return {"id": article["title"]}
+
+        declared = {"target": "https://cms.example/api", "key": lambda a: a["title"],
+                    "external_id": lambda result: result["id"]}
+        in_process_action = receipts.action("bench.action", **declared)(create)
+        client_action = agent.action("bench.client", **declared)(create)
+
+        def decorator_in_process():
+            in_process_action(intent(next(counter)))
+
+        def decorator_over_client():
+            client_action(intent(next(counter)))
+
         for _ in range(20):  # warm caches, plans and connections on every side
             in_process()
             over_http()
             transport_only()
             over_http_lean()
+            decorator_in_process()
+            decorator_over_client()
         local, http, floor = Stopwatch("in process"), Stopwatch("http"), Stopwatch("floor")
         lean_http = Stopwatch("http, lean client")
+        action_local, action_client = Stopwatch("action"), Stopwatch("action, client")
         interleave(n, [(local, in_process), (http, over_http), (floor, transport_only),
-                       (lean_http, over_http_lean)])
+                       (lean_http, over_http_lean), (action_local, decorator_in_process),
+                       (action_client, decorator_over_client)])
     finally:
         client.close()
+        agent.close()
         lean.close()
         floor_client.close()
         for process in (server, floor_server):
@@ -203,6 +231,10 @@ def main() -> dict:
         # the same API server and requests with the standard library's http.client
         "lean_client_median_ms": lean_http.median * 1000,
         "lean_client_ratio": lean_http.median / local.median,
+        # an action: ledger_client over HTTP (two round trips) / receipts.action in process
+        "client_median_ms": action_client.median * 1000,
+        "decorator_median_ms": action_local.median * 1000,
+        "client_ratio": action_client.median / action_local.median,
     }
     print_table(f"P8 lifecycle over HTTP, {n} operations each", [
         ("in process (ledger API)", f"{n / local.total:8.0f} ops/s, median {ms(local.median)}"),
@@ -215,6 +247,9 @@ def main() -> dict:
         ("the API above the floor", f"{ms(http.median - floor.median)} a lifecycle"),
         ("HTTP API, http.client", f"median {ms(lean_http.median)}, "
                                   f"{summary['lean_client_ratio']:.2f}x in process"),
+        ("action, in process (decorator)", f"median {ms(action_local.median)}"),
+        ("action, ledger_client (2 POSTs)", f"median {ms(action_client.median)}, "
+                                            f"{summary['client_ratio']:.2f}x the decorator"),
     ])
     record("P8", summary)
     return summary

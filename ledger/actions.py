@@ -35,8 +35,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from ledger import conf, receipts, runs, transitions
-from ledger.canonical import canonical_json, redact, scrub_text
+from ledger import receipts, runs, transitions
+from ledger.canonical import scrub_text
 from ledger.errors import (
     InvalidInput,
     OutcomeUnknown,
@@ -311,16 +311,7 @@ def _external_id(extract: Callable | None, value: Any) -> str | None:
 
 def _storable(value: Any) -> tuple[Any, str]:
     """(redacted value, "") or (None, why it cannot be stored)."""
-    try:
-        check_json(value, what="result")
-    except InvalidInput as exc:
-        return None, str(exc)[:300]
-    stored = redact(value)
-    size = len(canonical_json(stored).encode("utf-8"))
-    if size > conf.MAX_INTENT_BYTES:
-        return None, (f"a result of {size:,} bytes, above LEDGER_MAX_INTENT_BYTES "
-                      f"({conf.MAX_INTENT_BYTES:,})")
-    return stored, ""
+    return receipts.storable_result(value)
 
 
 def _succeeded(op, external_id, result, unstorable, fencing_token) -> Operation:

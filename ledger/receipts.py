@@ -304,6 +304,24 @@ def mark_submitted(
     )
 
 
+NO_RESULT: Any = object()  # mark_succeeded's result= left out: the result columns untouched
+
+
+def storable_result(value: Any) -> tuple[Any, str]:
+    """(the redacted value to store as `Operation.result`, "") or (None, why it cannot be
+    stored: not JSON, or above LEDGER_MAX_INTENT_BYTES)."""
+    try:
+        check_json(value, what="result")
+    except InvalidInput as exc:
+        return None, str(exc)[:300]
+    stored = redact(value)
+    size = len(canonical_json(stored).encode("utf-8"))
+    if size > conf.MAX_INTENT_BYTES:
+        return None, (f"a result of {size:,} bytes, above LEDGER_MAX_INTENT_BYTES "
+                      f"({conf.MAX_INTENT_BYTES:,})")
+    return stored, ""
+
+
 def mark_succeeded(
     op: Operation,
     *,
@@ -312,12 +330,26 @@ def mark_succeeded(
     fencing_token: int | None = None,
     expected_version: int | None = None,
     actor: str | None = None,
+    result: Any = NO_RESULT,
+    result_unstorable: str = "",
 ) -> Operation:
-    """submitted -> succeeded, with the external system's id when it gave one."""
+    """submitted -> succeeded, with the external system's id when it gave one.
+
+    `result`: the call's return value, stored redacted as `Operation.result` (what a later
+    call of the same key gets instead of sending); one that is not JSON or too large is not
+    stored and `result_unstorable` says why. `result_unstorable` alone: the caller could
+    not even send it (its reason is recorded). Neither: the result columns stay as they are.
+    """
     _check_mark(op, fencing_token, expected_version, actor)
     if evidence is not None:
         check_json(evidence, what="evidence")
     changes = {}
+    if result is not NO_RESULT or result_unstorable:
+        why = scrub_text(storable_text(result_unstorable, "result_unstorable", 300))
+        stored = None
+        if result is not NO_RESULT and not why:
+            stored, why = storable_result(result)
+        changes.update({"result": stored, "result_unstorable": why})
     if external_id is not None:
         external_id = scrub_text(check_identifier(external_id, "external_id", 500))
         changes["external_id"] = external_id

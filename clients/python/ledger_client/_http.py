@@ -1,0 +1,149 @@
+"""Requests to the ledger's API and their answers, sync and async over httpx.
+
+A request that could not even connect reached nothing, so it is tried again (a few times,
+briefly): that is always safe. Any other transport failure (a timeout, a dropped
+connection) may have reached the ledger: it is raised as LedgerUnavailable and the caller,
+who knows what the request was, decides. Answers become data or typed errors here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ledger_client import errors
+from ledger_client.receipt import Receipt
+
+PROBLEM = "application/problem+json"
+CONNECT_DELAYS = (0.05, 0.2, 0.5)  # after a refused connection: nothing was sent
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, Any] | None = None
+
+
+def _describe(request: Request) -> str:
+    return f"{request.method} {request.path}"
+
+
+def unavailable(request: Request, url: str, exc: BaseException) -> errors.LedgerUnavailable:
+    kind = ("could not connect" if isinstance(exc, httpx.ConnectError) else
+            "timed out" if isinstance(exc, httpx.TimeoutException) else
+            f"failed ({type(exc).__name__})")
+    return errors.LedgerUnavailable(
+        f"expected the ledger at {url} to answer {_describe(request)}, found that the "
+        f"request {kind}: {exc}", cause=exc)
+
+
+def answer(request: Request, response: httpx.Response) -> Any:
+    """The JSON of a 2xx answer; the typed error of any other."""
+    status = response.status_code
+    content_type = response.headers.get("content-type", "").split(";")[0].strip()
+    if 200 <= status < 300:
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise errors.UnexpectedResponse(
+                f"expected JSON from the ledger for {_describe(request)}, found "
+                f"{status} with {content_type or 'no content type'}: "
+                f"{response.text[:200]!r}", cause=exc) from None
+    problem = None
+    if content_type == PROBLEM:
+        try:
+            problem = response.json()
+        except ValueError:
+            problem = None
+    if not isinstance(problem, dict) or not isinstance(problem.get("type"), str):
+        message = (f"expected the ledger's API to answer {_describe(request)}, found "
+                   f"{status} with {content_type or 'no content type'}: "
+                   f"{response.text[:200]!r}")
+        if status >= 500:
+            raise errors.ServerError(message, status=status)
+        raise errors.UnexpectedResponse(message)
+    raise problem_error(problem, status)
+
+
+def problem_error(problem: dict, status: int) -> errors.LedgerError:
+    slug = problem["type"].removeprefix(errors.PROBLEM_PREFIX)
+    cls = errors.PROBLEM_TYPES.get(slug)
+    detail = str(problem.get("detail", ""))
+    message = f"{problem.get('title', slug)} ({status}): {detail}"
+    operation = problem.get("operation")
+    receipt = Receipt(operation) if isinstance(operation, dict) else None
+    if cls is None:
+        cls = errors.InternalError if status >= 500 else errors.ProblemError
+    return cls(message, status=status, problem=problem, operation=receipt)
+
+
+class SyncTransport:
+    def __init__(self, url: str, key: str, *, timeout: float, transport=None):
+        self.url = url
+        self.client = httpx.Client(
+            base_url=url, timeout=timeout, transport=transport,
+            headers={"Authorization": f"Bearer {key}", "Accept": "application/json"})
+
+    def send(self, request: Request) -> Any:
+        for delay in (*CONNECT_DELAYS, None):
+            try:
+                response = self.client.request(request.method, request.path,
+                                                json=request.json, params=request.params)
+            except httpx.ConnectError as exc:
+                if delay is None:
+                    raise unavailable(request, self.url, exc) from None
+                time.sleep(delay)
+                continue
+            except httpx.HTTPError as exc:
+                raise unavailable(request, self.url, exc) from None
+            return answer(request, response)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class AsyncTransport:
+    """One httpx.AsyncClient per event loop (a client is bound to the loop it first ran
+    on; `asyncio.run` twice gives two loops)."""
+
+    def __init__(self, url: str, key: str, *, timeout: float, transport=None):
+        self.url = url
+        self._settings = {"base_url": url, "timeout": timeout, "transport": transport,
+                          "headers": {"Authorization": f"Bearer {key}",
+                                      "Accept": "application/json"}}
+        self._clients: dict[int, httpx.AsyncClient] = {}
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = id(asyncio.get_running_loop())
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = httpx.AsyncClient(**self._settings)
+        return client
+
+    async def send(self, request: Request) -> Any:
+        client = self._client()
+        for delay in (*CONNECT_DELAYS, None):
+            try:
+                response = await client.request(request.method, request.path,
+                                                 json=request.json, params=request.params)
+            except httpx.ConnectError as exc:
+                if delay is None:
+                    raise unavailable(request, self.url, exc) from None
+                await asyncio.sleep(delay)
+                continue
+            except httpx.HTTPError as exc:
+                raise unavailable(request, self.url, exc) from None
+            return answer(request, response)
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()

@@ -1,0 +1,57 @@
+"""OpenTelemetry spans of actions, when `opentelemetry-api` is installed (else nothing).
+
+Each action call is one span following the GenAI semantic conventions for tool calls:
+name `execute_tool {operation}`, `gen_ai.operation.name` = execute_tool,
+`gen_ai.tool.name`, `gen_ai.tool.call.id` (the operation id), plus `ledger.operation_id`,
+`ledger.state` (as last recorded) and `ledger.idempotency_key`. Nothing else of the call
+goes into the span: no intent, no result, no key or header (they may hold secrets).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+try:
+    from opentelemetry import trace as _trace
+except ImportError:  # the optional dependency is not installed
+    _trace = None
+
+TRACER_NAME = "ledger_client"
+
+
+class _Span:
+    def __init__(self, span=None):
+        self.span = span
+
+    def record(self, receipt) -> None:
+        if self.span is None:
+            return
+        data = receipt.data
+        self.span.set_attributes({
+            "gen_ai.tool.call.id": data.get("operation_id") or "",
+            "ledger.operation_id": data.get("operation_id") or "",
+            "ledger.state": data.get("state") or "",
+            "ledger.idempotency_key": data.get("idempotency_key") or "",
+        })
+
+    def ids(self) -> tuple[str, str] | None:
+        """(trace id, span id) in hex, or None without a recording span."""
+        if self.span is None:
+            return None
+        context = self.span.get_span_context()
+        if not context.is_valid:
+            return None
+        return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+@contextmanager
+def action_span(operation: str):
+    if _trace is None:
+        yield _Span()
+        return
+    tracer = _trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"execute_tool {operation}", kind=_trace.SpanKind.INTERNAL,
+        attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": operation},
+    ) as span:
+        yield _Span(span)
