@@ -83,15 +83,19 @@ def step_scope(run: Run | str, step_id: str, *, fencing_token: int | None = None
         _scope.reset(token)
 
 
-def _key_for(operation: str, key: Callable | None, args, kwargs
+def _key_for(operation: str, key: Callable | None, args, kwargs, *, advance: bool = True
              ) -> tuple[str | None, str | None, _Scope | None]:
     """(idempotency key, call, scope) of one call. In a step scope the key is left to
     `record_intent`, which derives it from the run and step (`receipts.idempotency_key`):
-    the first call of an operation in the scope has no `call`, the n-th has call "n"."""
+    the first call of an operation in the scope has no `call`, the n-th has call "n".
+    `advance=False` (a receipt's look-up) counts nothing: it names the last call made in
+    the scope, or the first when none was."""
     scope = _scope.get()
     if scope is not None:
-        n = scope.calls.get(operation, 0) + 1
-        scope.calls[operation] = n
+        n = scope.calls.get(operation, 0)
+        if advance:
+            n = scope.calls[operation] = n + 1
+        n = max(n, 1)
         return None, (str(n) if n > 1 else None), scope
     if key is None:
         raise InvalidInput(
@@ -112,11 +116,11 @@ def _key_for(operation: str, key: Callable | None, args, kwargs
 def action(
     operation: str,
     *,
-    target: str,
+    target: str | Callable[..., str],
     key: Callable[..., str] | None = None,
     rejections: tuple[type[BaseException], ...] = (),
     external_id: Callable[[Any], Any] | None = None,
-    tenant: str = "default",
+    tenant: str | Callable[..., str] = "default",
     retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN,
     redact: Iterable[str] = (),
     fingerprint_fields: Iterable[str] | None = None,
@@ -141,12 +145,18 @@ def action(
     `keep` (dotted paths into the bound arguments, e.g. ["article.slug", "article.title"]):
     only those are stored and fingerprinted (`record_intent(keep=)`); the rest of the
     arguments never reach the database.
+
+    `target` and `tenant`: a value, or a function of the call's arguments (like `key`),
+    whose result is checked as the value would be. The wrapper's `.receipt(*args,
+    **kwargs)` returns that call's Operation, or None if it was never recorded; it never
+    records or sends anything.
     """
     # Checked once, where the action is declared: a malformed declaration fails at import.
     check_operation_name(operation)
-    if check_string(target, "target", 2000):
+    if not callable(target) and check_string(target, "target", 2000):
         check_identifier(target, "target", 2000)
-    check_identifier(tenant, "tenant", 100)
+    if not callable(tenant):
+        check_identifier(tenant, "tenant", 100)
     check_choice(retry_policy, "retry_policy", RetryPolicy.values)
     if key is not None and not callable(key):
         raise InvalidInput(f"expected key= to be a function or None, found {type(key).__name__}")
@@ -175,7 +185,8 @@ def action(
             check_json(intent, what="intent")
             idem, call, scope = _key_for(operation, key, args, kwargs)
             op = receipts.record_intent(
-                operation, target, intent, tenant=tenant,
+                operation, _per_call(target, args, kwargs),
+                intent, tenant=_per_call(tenant, args, kwargs),
                 run=scope.run if scope else None, step=scope.step_id if scope else None,
                 idempotency_key=idem, call=call, fingerprint_fields=fields,
                 redact=redact_paths, retry_policy=retry_policy, keep=kept,
@@ -217,6 +228,16 @@ def action(
                 receipts.mark_outcome_unknown(op, error_code=code, detail=detail,
                                               fencing_token=token)
 
+        def receipt(*args, **kwargs) -> Operation | None:
+            """This call's receipt (same arguments: same key), or None; never a write."""
+            signature.bind(*args, **kwargs)
+            idem, call, scope = _key_for(operation, key, args, kwargs, advance=False)
+            if scope is not None:
+                idem = receipts.idempotency_key(scope.run.run_id, scope.step_id, call)
+            return Operation.objects.filter(
+                tenant=_per_call(tenant, args, kwargs), operation=operation,
+                idempotency_key=idem).first()
+
         if inspect.iscoroutinefunction(fn):
             aprepare = sync_to_async(prepare, thread_sensitive=True)
             astart = sync_to_async(start, thread_sensitive=True)
@@ -237,6 +258,7 @@ def action(
                 return await afinish(op, value)
 
             async_wrapper.operation_name = operation
+            async_wrapper.receipt = sync_to_async(receipt, thread_sensitive=True)
             return async_wrapper
 
         @functools.wraps(fn)
@@ -253,9 +275,16 @@ def action(
             return finish(op, value)
 
         wrapper.operation_name = operation
+        wrapper.receipt = receipt
         return wrapper
 
     return decorate
+
+
+def _per_call(value: Any, args, kwargs) -> Any:
+    """A declared value, or what a function of the call's arguments gives for this call
+    (checked by `record_intent` as any value is)."""
+    return value(*args, **kwargs) if callable(value) else value
 
 
 def _settled(op: Operation) -> Any:

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ledger import leases
+from ledger import leases, states
 from ledger.canonical import scrub_text
 from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
 from ledger.inputs import (
@@ -42,6 +42,7 @@ from ledger.models import (
     Step,
     StepState,
 )
+from ledger.selectors.approvals import gate
 from ledger.selectors.runs import run_records
 
 DEFAULT_RESUME_TTL = timedelta(minutes=5)
@@ -325,6 +326,10 @@ def _step_dict(step: Step) -> dict[str, Any]:
 
 
 def _operation_dict(op: Operation) -> dict[str, Any]:
+    """An open operation as a worker taking over needs it: its receipt, its next legal
+    moves and who makes each (`states.next_moves`), and for a planned one the approvals it
+    waits for (one query per planned operation; None for the others, which are past the
+    gate)."""
     return {
         "operation_id": op.operation_id,
         "operation": op.operation,
@@ -335,7 +340,15 @@ def _operation_dict(op: Operation) -> dict[str, Any]:
         "idempotency_key": op.idempotency_key,
         "step_id": op.step.step_id if op.step_id else None,
         "external_id": op.external_id,
+        "next_moves": states.next_moves(op.state),
+        "approval": _approval_dict(op) if op.state == states.State.PLANNED else None,
     }
+
+
+def _approval_dict(op: Operation) -> dict[str, Any]:
+    current = gate(op)
+    return {"needed": current.needed, "live": current.have, "policies": current.patterns,
+            "denied_reason": current.denial}
 
 
 def _obligation_dict(obligation: Obligation) -> dict[str, Any]:

@@ -120,6 +120,23 @@ def is_human_only(from_state: str, to_state: str) -> bool:
     return (from_state, to_state) in HUMAN_ONLY
 
 
+def mover(from_state: str, to_state: str) -> str:
+    """Who makes a legal move: "person" (a decision on the desk, or a denied approval),
+    "reconciler" (into and out of reconciling) or "agent" (the sender)."""
+    if is_human_only(from_state, to_state) or (from_state, to_state) == (S.PLANNED,
+                                                                         S.ABANDONED):
+        return "person"
+    if S.RECONCILING in (from_state, to_state):
+        return "reconciler"
+    return "agent"
+
+
+def next_moves(from_state: str) -> list[dict[str, str]]:
+    """The legal moves out of `from_state` and who makes each, sorted by state: what a
+    worker taking over an operation may do, or wait for."""
+    return [{"to": str(to), "by": mover(from_state, to)} for to in targets(from_state)]
+
+
 def _sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 

@@ -11,6 +11,10 @@
     reconcilers.list_and_match("mail.send", listing=recent_messages, match=("to", "subject"),
                                external_id="message_id")
 
+    # Any other look-up (a message stream, a mailbox, an SDK): a function of the operation
+    # that returns what it found, or None when a complete read shows it absent.
+    reconcilers.function_lookup("nats.publish", find=find_in_stream, external_id="seq")
+
 Each call builds a `reconcile.Reconciler` subclass, registers it for the operation name
 (pass None to only build it, e.g. as the `search=` of a look-up) and returns it. A kit only
 reads and only returns verdicts; the engine decides what they mean, so the in-flight window
@@ -22,7 +26,9 @@ What a kit records as evidence: the query (the URL it read, credentials scrubbed
 (the HTTP status and the answer's body, or the listing's size, bound and matches).
 """
 
+from ledger.reconcilers.function import FunctionLookup, function_lookup
 from ledger.reconcilers.listing import ListAndMatch, list_and_match
 from ledger.reconcilers.lookup import HttpLookup, LookupFailed, http_lookup
 
-__all__ = ["HttpLookup", "ListAndMatch", "LookupFailed", "http_lookup", "list_and_match"]
+__all__ = ["FunctionLookup", "HttpLookup", "ListAndMatch", "LookupFailed", "function_lookup",
+           "http_lookup", "list_and_match"]

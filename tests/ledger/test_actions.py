@@ -254,3 +254,57 @@ def test_manage_py_retries_lists_the_operations_safe_to_retry_oldest_first(revie
     text = out.getvalue()
     assert text.index("key=b-first") < text.index("key=a-second")
     assert "2 operation(s) safe to retry in tenant default" in text
+
+
+# --- tenant and target per call; the receipt without sending ---------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tenant_and_target_may_be_functions_of_the_calls_arguments():
+    sent = []
+
+    @receipts.action("nats.publish", target=lambda tenant, subject: f"nats://{subject}",
+                     tenant=lambda tenant, subject: tenant,
+                     key=lambda tenant, subject: subject)
+    def publish(tenant: str, subject: str) -> int:
+        sent.append((tenant, subject))
+        return len(sent)
+
+    assert publish("acme", "orders.1") == 1
+    assert publish("globex", "orders.1") == 2
+    assert publish("acme", "orders.1") == 1  # the stored result: not sent again
+    assert sorted(Operation.objects.values_list("tenant", "target")) == [
+        ("acme", "nats://orders.1"), ("globex", "nats://orders.1")]
+    with pytest.raises(InvalidInput, match="tenant"):
+        publish("", "orders.2")  # checked as a declared tenant is
+    assert len(sent) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_receipt_reads_the_calls_operation_without_recording_or_sending(kit):
+    fn, sent = kit
+    assert call(fn.receipt, {"slug": "later"}) is None
+    assert not Operation.objects.exists()
+    call(fn, {"slug": "later"})
+    receipt = call(fn.receipt, {"slug": "later"})
+    assert (receipt.state, receipt.attempt, receipt.external_id) == (State.SUCCEEDED, 1, "a-1")
+    assert sent == ["later"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_receipt_in_a_step_scope_names_the_last_call_made_there():
+    run = runs.start("publish", run_id="r-receipt")
+    runs.add_step(run, "draft")
+
+    @receipts.action("cms.post", target=TARGET)
+    def post(text: str) -> str:
+        return text
+
+    with receipts.step_scope(run, "draft"):
+        assert post.receipt("a") is None
+        post("a")
+        assert post.receipt("a").idempotency_key == receipts.idempotency_key("r-receipt",
+                                                                              "draft")
+        post("b")
+        assert post.receipt("b").idempotency_key == receipts.idempotency_key(
+            "r-receipt", "draft", "2")

@@ -347,3 +347,64 @@ def test_http_lookup_found_under_another_key_is_ambiguous_unless_the_service_has
         assert ev.observed["ids"]["operation"]["idempotency_key"] == "agent-key"
     else:
         assert (op.state, op.external_id) == (State.SUCCEEDED, by_hand["id"])
+
+
+# --- function_lookup -------------------------------------------------------------------------
+
+
+def _unknown(operation, intent):
+    op = receipts.record_intent(operation, "nats://orders", intent,
+                                idempotency_key=f"{operation}-{uuid.uuid4().hex[:8]}")
+    receipts.mark_submitted(op, in_flight_for=timedelta(0))
+    return receipts.mark_outcome_unknown(op, error_code="TimeoutError")
+
+
+@pytest.mark.django_db
+def test_function_lookup_finds_through_any_function_and_records_what_it_found(kit):
+    stream = {}
+
+    def find_in_stream(op):
+        return stream.get(op.idempotency_key)
+
+    kit(reconcilers.function_lookup, "kit.publish", find=find_in_stream, external_id="seq")
+    op = _unknown("kit.publish", {"subject": "orders.1"})
+    stream[op.idempotency_key] = {"seq": 17, "subject": "orders.1"}
+    op, [ev] = reconciled(op)
+    assert (op.state, op.external_id, ev.verdict, ev.matched_by) == (
+        State.SUCCEEDED, "17", "found", "idempotency_key")
+    assert ev.observed == {"found": {"seq": 17, "subject": "orders.1"}}
+    assert ev.query["function"].endswith("find_in_stream")
+
+
+@pytest.mark.django_db
+def test_function_lookup_none_is_proof_of_absence_and_a_verdict_passes_through(kit):
+    answers = {}
+    kit(reconcilers.function_lookup, "kit.mailbox", find=lambda op: answers[op.operation_id])
+    absent = _unknown("kit.mailbox", {"to": "ada@example.com"})
+    later = _unknown("kit.mailbox", {"to": "bob@example.com"})
+    answers[absent.operation_id] = None
+    answers[later.operation_id] = reconcile.NotYet({"mailbox": "still syncing"})
+    reconcile.run_once(worker="test")
+    absent.refresh_from_db()
+    later.refresh_from_db()
+    assert absent.state == State.SAFE_TO_RETRY
+    assert later.state == State.OUTCOME_UNKNOWN
+    assert Evidence.objects.get(operation=later).verdict == "not_yet"
+
+
+@pytest.mark.django_db
+def test_function_lookup_a_failing_function_is_a_reconciler_error_not_a_verdict(kit):
+    def broken(op):
+        raise ConnectionError("stream unreachable")
+
+    kit(reconcilers.function_lookup, "kit.broken", find=broken)
+    op = _unknown("kit.broken", {"n": 1})
+    reconcile.run_once(worker="test")
+    op.refresh_from_db()
+    assert op.state == State.OUTCOME_UNKNOWN
+    assert op.reconcile_failures == 1
+
+
+def test_function_lookup_refuses_what_is_not_a_function():
+    with pytest.raises(InvalidInput, match="expected find to be a function"):
+        reconcilers.function_lookup(None, find="https://x")

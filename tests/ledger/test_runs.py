@@ -351,3 +351,29 @@ def test_episodes_are_append_only(run):
         raw("UPDATE ledger_episode SET content = 'edited' WHERE id = %s", [episode.pk])
     with pytest.raises(DatabaseError, match="Cannot update or delete"):
         raw("DELETE FROM ledger_episode WHERE id = %s", [episode.pk])
+
+
+@pytest.mark.django_db
+def test_resume_names_each_open_operations_next_moves_and_the_approvals_it_waits_for(run):
+    from ledger import approvals
+    from tests.factories import UserFactory
+
+    admin = UserFactory(username="policy-admin", role="admin")
+    approvals.set_policy("payments.*", user=admin, approvals_needed=2)
+    runs.add_step(run, "refund")
+    planned = receipts.record_intent("payments.refund", "https://psp", {"n": 1}, run=run,
+                                     step="refund")
+    unknown = receipts.record_intent("mail.send", "smtp://m", {"n": 2}, run=run,
+                                     step="refund")
+    receipts.mark_submitted(unknown)
+    receipts.mark_outcome_unknown(unknown, error_code="TimeoutError")
+    moves = {o["operation_id"]: o for o in runs.resume(run.run_id, worker="w").as_dict()[
+        "open_operations"]}
+    assert moves[planned.operation_id]["next_moves"] == [
+        {"to": "abandoned", "by": "person"}, {"to": "submitted", "by": "agent"}]
+    assert moves[planned.operation_id]["approval"] == {
+        "needed": 2, "live": 0, "policies": "payments.*", "denied_reason": None}
+    assert moves[unknown.operation_id]["next_moves"] == [
+        {"to": "abandoned", "by": "person"}, {"to": "reconciling", "by": "reconciler"},
+        {"to": "safe_to_retry", "by": "person"}, {"to": "succeeded", "by": "person"}]
+    assert moves[unknown.operation_id]["approval"] is None
