@@ -42,7 +42,8 @@ def call(port: int, method: str, path: str, body: dict | None = None,
 
 
 def test_the_demo_runs_a_reconciler_and_the_articles_service_beside_the_server():
-    assert process_names("Procfile.demo") == ["web", "reconcile", "notify", "seal", "articles"]
+    assert process_names("Procfile.demo") == ["web", "reconcile", "notify", "seal", "articles",
+                                              "ready"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -63,6 +64,9 @@ def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tm
         wait_for_port(port, honcho)
         honcho.read_until(r"reconcile\.1\s+\| reconcile: started")
         honcho.read_until(r"articles\.1\s+\| demo_articles: started")
+        # once the desk answers, the last process says where to go and who to be
+        honcho.read_until(rf"ready\.1\s+\| Open http://127\.0\.0\.1:{port}/ and log in")
+        honcho.read_until(r"ready\.1\s+\|\s+reviewer\s+/ reviewer-demo-pass")
 
         # The agent's call reached the service and committed, but its answer was lost.
         articles = f"http://127.0.0.1:{articles_port}/articles"
