@@ -78,13 +78,15 @@ def openapi_document() -> dict:
 
 
 def _schema_name(schema: dict) -> str:
+    """A schema in a few words; a named one links to its table under "Schemas"."""
     if "$ref" in schema:
-        return schema["$ref"].rsplit("/", 1)[-1]
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return f"[`{name}`](#{name.lower()})"
     if schema.get("type") == "array":
         return f"list of {_schema_name(schema.get('items', {}))}"
     if "anyOf" in schema:
         return " or ".join(_schema_name(s) for s in schema["anyOf"])
-    return schema.get("type", "object")
+    return f"`{schema.get('type', 'object')}`"
 
 
 def http_api_page(document: dict) -> str:
@@ -115,13 +117,13 @@ def http_api_page(document: dict) -> str:
                 lines.append("")
             body = operation.get("requestBody", {}).get("content", {})
             for media, content in body.items():
-                lines += [f"Body ({media}): `{_schema_name(content.get('schema', {}))}`", ""]
+                lines += [f"Body ({media}): {_schema_name(content.get('schema', {}))}", ""]
             responses = operation.get("responses", {})
             if responses:
                 lines += ["| status | answer |", "|---|---|"]
                 for status, response in responses.items():
                     content = response.get("content", {})
-                    what = ", ".join(f"`{_schema_name(c.get('schema', {}))}` ({media})"
+                    what = ", ".join(f"{_schema_name(c.get('schema', {}))} ({media})"
                                      for media, c in content.items())
                     lines.append(f"| {status} | {_cell(response.get('description', ''))}"
                                  f"{': ' + what if what else ''} |")
