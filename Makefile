@@ -27,7 +27,8 @@ migrate: install
 # reconciler reads). Ctrl-C stops them all; one of them dying stops the others and says so.
 demo: migrate
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed
-	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(VENV)/bin/honcho start -f Procfile.demo -p $(PORT)
+	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) PYTHONUNBUFFERED=1 \
+		$(VENV)/bin/honcho start -f Procfile.demo -p $(PORT)
 
 # The demo's data as `make demo` first made it: drops the demo database, migrates, seeds.
 demo-reset: install
@@ -38,7 +39,7 @@ demo-reset: install
 # which one and with what code. The web process binds PORT (honcho's base port).
 serve: migrate
 	$(PY) manage.py collectstatic --no-input --verbosity 0
-	$(VENV)/bin/honcho start -f Procfile -p $(PORT)
+	PYTHONUNBUFFERED=1 $(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
 # The documentation site, offline and strict (a broken link or anchor fails), into site/.
 docs: install

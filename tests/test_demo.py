@@ -44,6 +44,9 @@ def call(port: int, method: str, path: str, body: dict | None = None,
 def test_the_demo_runs_a_reconciler_and_the_articles_service_beside_the_server():
     assert process_names("Procfile.demo") == ["web", "reconcile", "notify", "seal", "articles",
                                               "ready"]
+    demo = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "manage.py demo_seed" in demo
+    assert "honcho start -f Procfile.demo -p $(PORT)" in demo
 
 
 @pytest.mark.django_db(transaction=True)

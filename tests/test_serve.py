@@ -66,6 +66,9 @@ def eventually(check, what: str, timeout: float = 60.0):
 
 def test_the_procfile_lists_the_processes_the_runbook_names():
     assert process_names("Procfile") == ["web", "reconcile", "notify", "seal"]
+    # `make serve` runs this very file, its output unbuffered so each line shows at once
+    serve = (ROOT / "Makefile").read_text().split("\nserve:", 1)[1].split("\n\n", 1)[0]
+    assert "PYTHONUNBUFFERED=1 $(VENV)/bin/honcho start -f Procfile -p $(PORT)" in serve
     runbook = (ROOT / "docs" / "operations.md").read_text()
     for line in (ROOT / "Procfile").read_text().splitlines():
         if line and not line.startswith("#"):
