@@ -165,6 +165,8 @@ def _is_card_number(text: str) -> bool:
 
 def _prose_password(match: re.Match) -> str:
     value = match["value"]
+    if value.startswith(REDACTED):  # already scrubbed by an earlier pass ("password=[redacted]")
+        return match[0]
     core = value.rstrip(_TRAILING)
     if not core or core.lower() in _NOT_A_PASSWORD or _is_redacted(core) or (
             core.startswith("/") and not match["head"].rstrip().endswith((":", "="))):
