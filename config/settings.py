@@ -289,6 +289,13 @@ LEDGER_RECONCILER_MODULES = [
     for m in os.environ.get("LEDGER_RECONCILER_MODULES", "demo.simulated.articles").split(",")
     if m.strip()
 ]
+# MCP gateway configurations (docs/agents/gateway.md) whose read-tool reconcilers
+# `manage.py reconcile` runs: a comma-separated list of TOML paths.
+LEDGER_GATEWAY_CONFIGS = [
+    p.strip() for p in os.environ.get("LEDGER_GATEWAY_CONFIGS", "").split(",") if p.strip()
+]
+if LEDGER_GATEWAY_CONFIGS:
+    LEDGER_RECONCILER_MODULES.append("api.gateway.reconcilers")
 
 # Notifications (ledger/notifications.py, `manage.py notify`). Links in messages point at
 # LEDGER_DESK_URL. A webhook channel names its HMAC secret; the secrets themselves come only

@@ -1,0 +1,446 @@
+"""The gateway's TOML configuration, read and checked before anything starts.
+
+Every refusal is a `ConfigError` naming the table and key, what was expected and what was
+found (`[tools.create_invoice] key.from: expected one of ...`). The checks that need the
+upstream (does the tool exist, does its input schema have the argument a key names) are
+`check_against_tools`, run once the upstream answered `tools/list`.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ledger.inputs import check_operation_name
+from ledger.states import RetryPolicy
+
+PASS_THROUGH = "pass-through"
+CONSEQUENTIAL = "consequential"
+
+KEY_FROM_SESSION = "session"
+KEY_FROM_ARGUMENTS = "arguments"
+KEY_FROM_META = "meta"
+
+# The `_meta` entry an MCP client sets to name its own idempotency key for one tool call.
+META_KEY = "agent-ledger/idempotency-key"
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_MAX_RESULT_BYTES = 256 * 1024
+_TEMPLATE = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
+_PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used: what was expected, what was found, where."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    command: tuple[str, ...] = ()
+    url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    connect_timeout: float = 30.0
+
+    def describe(self) -> str:
+        return self.url or " ".join(self.command)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A condition on a read tool's result; every part given must hold."""
+
+    path: str = ""          # dotted, into structuredContent
+    equals: Any = None      # a value, or a template over the original call's stored arguments
+    one_of: tuple = ()
+    exists: bool | None = None
+    matches: str = ""       # a regular expression on the value at `path` (as text)
+    text_matches: str = ""  # a regular expression on the result's joined text content
+    is_error: bool | None = None
+
+
+@dataclass(frozen=True)
+class Reconcile:
+    tool: str
+    arguments: dict[str, Any]
+    found: Rule
+    absent: Rule | None
+    not_yet: Rule | None
+    external_id: str = ""            # a path into the read's structuredContent
+    external_id_template: str = ""   # or a template over the original call's arguments
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    mode: str = PASS_THROUGH
+    operation: str = ""
+    target: str = ""
+    key_from: str = KEY_FROM_SESSION
+    key_names: tuple[str, ...] = ()
+    keep: tuple[str, ...] | None = None
+    redact: tuple[str, ...] = ()
+    external_id: str = ""
+    external_id_template: str = ""
+    timeout: float = DEFAULT_TIMEOUT
+    retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN
+    approval_wait: float = 0.0
+    in_flight: float | None = None
+    reconcile: Reconcile | None = None
+
+    @property
+    def is_consequential(self) -> bool:
+        return self.mode == CONSEQUENTIAL
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    name: str
+    tenant: str | None
+    max_result_bytes: int
+    upstream: Upstream
+    tools: dict[str, Tool]
+
+    def tool(self, name: str) -> Tool:
+        """The configuration of tool `name`: pass-through when it is not listed."""
+        return self.tools.get(name) or Tool(name=name)
+
+
+# --- reading -----------------------------------------------------------------------------
+
+
+def load(path: str | Path) -> Config:
+    """Read and check the file; ConfigError for anything that cannot be used."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"expected a readable gateway configuration at {path}, found "
+                          f"{type(exc).__name__}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: expected TOML, found a syntax error: {exc}") from None
+    return parse(data, source=str(path), base=path.resolve().parent)
+
+
+def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None = None) -> Config:
+    t = _Table(data, "top level", source)
+    t.only({"gateway", "upstream", "tools"})
+    gateway = _Table(t.get("gateway", dict, {}), "[gateway]", source)
+    gateway.only({"name", "tenant", "max_result_bytes"})
+    name = gateway.get("name", str, "upstream")
+    if not _PATH.fullmatch(name):
+        gateway.fail("name", "letters, digits, '_' or '-'", repr(name))
+    tenant = gateway.get("tenant", str, None)
+    max_result = gateway.get("max_result_bytes", int, DEFAULT_MAX_RESULT_BYTES)
+    if max_result < 1:
+        gateway.fail("max_result_bytes", "a positive number of bytes", max_result)
+    upstream = _upstream(_Table(t.require("upstream", dict), "[upstream]", source), base)
+    tools_table = _Table(t.get("tools", dict, {}), "[tools]", source)
+    tools = {}
+    for tool_name, raw in tools_table.data.items():
+        if not isinstance(raw, dict):
+            tools_table.fail(tool_name, "a table", type(raw).__name__)
+        tools[tool_name] = _tool(tool_name, _Table(raw, f"[tools.{tool_name}]", source), name)
+    return Config(path=source, name=name, tenant=tenant, max_result_bytes=max_result,
+                  upstream=upstream, tools=tools)
+
+
+def _upstream(t: _Table, base: Path | None) -> Upstream:
+    t.only({"command", "url", "env", "cwd", "headers", "connect_timeout"})
+    command = t.get("command", list, None)
+    url = t.get("url", str, None)
+    if (command is None) == (url is None):
+        t.fail("command / url", "exactly one of them (a command over stdio, or a Streamable "
+               "HTTP URL)", "both" if command is not None else "neither")
+    if command is not None:
+        if not command or not all(isinstance(part, str) and part for part in command):
+            t.fail("command", "a non-empty list of non-empty strings", command)
+    if url is not None and not re.match(r"https?://", url):
+        t.fail("url", "an http:// or https:// URL", repr(url))
+    env = t.get("env", dict, {})
+    headers = t.get("headers", dict, {})
+    for key_name, mapping in (("env", env), ("headers", headers)):
+        for k, v in mapping.items():
+            if not isinstance(v, str):
+                t.fail(f"{key_name}.{k}", "a string", type(v).__name__)
+    cwd = t.get("cwd", str, None)
+    if cwd is not None and base is not None and not Path(cwd).is_absolute():
+        cwd = str(base / cwd)
+    return Upstream(command=tuple(command or ()), url=url or "", env=env, cwd=cwd,
+                    headers=headers, connect_timeout=_seconds(t, "connect_timeout", 30.0))
+
+
+def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
+    t.only({"mode", "operation", "target", "key", "keep", "redact", "external_id",
+            "external_id_template", "timeout", "retry_policy", "approval_wait", "in_flight",
+            "reconcile"})
+    mode = t.get("mode", str, PASS_THROUGH)
+    if mode not in (PASS_THROUGH, CONSEQUENTIAL):
+        t.fail("mode", f"{PASS_THROUGH!r} or {CONSEQUENTIAL!r}", repr(mode))
+    if mode == PASS_THROUGH:
+        extra = sorted(set(t.data) - {"mode"})
+        if extra:
+            t.fail(extra[0], f"nothing but mode for a {PASS_THROUGH} tool (its calls are "
+                   "forwarded as they are)", "a setting of consequential tools")
+        return Tool(name=name)
+    operation = t.require("operation", str)
+    try:
+        check_operation_name(operation)
+    except ValueError as exc:
+        t.fail("operation", "an operation name like 'invoices.create'", str(exc))
+    target = t.get("target", str, f"mcp://{gateway_name}/{name}")
+    key = _Table(t.get("key", dict, {}), f"[tools.{name}.key]", t.source)
+    key.only({"from", "names"})
+    key_from = key.get("from", str, KEY_FROM_SESSION)
+    if key_from not in (KEY_FROM_SESSION, KEY_FROM_ARGUMENTS, KEY_FROM_META):
+        key.fail("from", f"one of {KEY_FROM_SESSION!r}, {KEY_FROM_ARGUMENTS!r}, "
+                 f"{KEY_FROM_META!r}", repr(key_from))
+    names = key.get("names", list, [])
+    if key_from == KEY_FROM_ARGUMENTS and not names:
+        key.fail("names", "the argument names the key is made of (from = 'arguments')",
+                 "none")
+    if key_from != KEY_FROM_ARGUMENTS and names:
+        key.fail("names", f"no names with from = {key_from!r}", names)
+    keep = t.get("keep", list, None)
+    redact = t.get("redact", list, [])
+    for key_name, paths in (("keep", keep or []), ("redact", redact),
+                            ("key.names", names)):
+        for p in paths:
+            if not isinstance(p, str) or not _PATH.fullmatch(p):
+                t.fail(key_name, "a list of argument names or dotted paths", repr(p))
+    external_id = t.get("external_id", str, "")
+    external_id_template = t.get("external_id_template", str, "")
+    if external_id and external_id_template:
+        t.fail("external_id / external_id_template", "at most one of them", "both")
+    if external_id and not _PATH.fullmatch(external_id):
+        t.fail("external_id", "a dotted path into the structured result, e.g. 'invoice.id'",
+               repr(external_id))
+    if external_id_template:
+        _check_template(t, "external_id_template", external_id_template, keep)
+    retry_policy = t.get("retry_policy", str, RetryPolicy.IF_ABSENT_PROVEN)
+    if retry_policy not in RetryPolicy.values:
+        t.fail("retry_policy", f"one of {sorted(RetryPolicy.values)}", repr(retry_policy))
+    in_flight = t.get("in_flight", (int, float), None)
+    if in_flight is not None and not 0 < in_flight <= 7 * 86400:
+        t.fail("in_flight", "seconds, more than 0 and at most 7 days", in_flight)
+    approval_wait = _seconds(t, "approval_wait", 0.0, allow_zero=True, high=86400)
+    reconcile_raw = t.get("reconcile", dict, None)
+    reconcile = None
+    if reconcile_raw is not None:
+        reconcile = _reconcile(_Table(reconcile_raw, f"[tools.{name}.reconcile]", t.source),
+                               keep)
+    return Tool(
+        name=name, mode=mode, operation=operation, target=target, key_from=key_from,
+        key_names=tuple(names), keep=None if keep is None else tuple(keep),
+        redact=tuple(redact), external_id=external_id,
+        external_id_template=external_id_template,
+        timeout=_seconds(t, "timeout", DEFAULT_TIMEOUT), retry_policy=retry_policy,
+        approval_wait=approval_wait, in_flight=None if in_flight is None else float(in_flight),
+        reconcile=reconcile,
+    )
+
+
+def _reconcile(t: _Table, keep: list[str] | None) -> Reconcile:
+    t.only({"tool", "arguments", "found", "absent", "not_yet", "external_id",
+            "external_id_template", "timeout"})
+    tool = t.require("tool", str)
+    arguments = t.get("arguments", dict, {})
+    for arg, value in arguments.items():
+        if isinstance(value, str):
+            _check_template(t, f"arguments.{arg}", value, keep)
+    rules = {}
+    for verdict in ("found", "absent", "not_yet"):
+        raw = t.get(verdict, dict, None) if verdict != "found" else t.require("found", dict)
+        rules[verdict] = None if raw is None else _rule(
+            _Table(raw, f"{t.where[:-1]}.{verdict}]", t.source), keep)
+    external_id = t.get("external_id", str, "")
+    template = t.get("external_id_template", str, "")
+    if bool(external_id) == bool(template):
+        t.fail("external_id / external_id_template", "exactly one (Found needs the effect's "
+               "id: a path into the read's structured result, or a template over the "
+               "original call's arguments)", "both" if external_id else "neither")
+    if external_id and not _PATH.fullmatch(external_id):
+        t.fail("external_id", "a dotted path into the structured result", repr(external_id))
+    if template:
+        _check_template(t, "external_id_template", template, keep)
+    return Reconcile(tool=tool, arguments=arguments, found=rules["found"],
+                     absent=rules["absent"], not_yet=rules["not_yet"],
+                     external_id=external_id, external_id_template=template,
+                     timeout=_seconds(t, "timeout", DEFAULT_TIMEOUT))
+
+
+def _rule(t: _Table, keep: list[str] | None) -> Rule:
+    t.only({"path", "equals", "one_of", "exists", "matches", "text_matches", "is_error"})
+    if not t.data:
+        t.fail("(any)", "at least one condition: path with equals / one_of / exists / "
+               "matches, text_matches or is_error", "an empty table")
+    path = t.get("path", str, "")
+    if path and not _PATH.fullmatch(path):
+        t.fail("path", "a dotted path into the structured result", repr(path))
+    has_value_test = any(k in t.data for k in ("equals", "one_of", "exists", "matches"))
+    if has_value_test and not path:
+        t.fail("path", "the path the value conditions apply to", "none")
+    if path and not has_value_test:
+        t.fail("path", "a condition on it (equals, one_of, exists or matches)", "none")
+    equals = t.data.get("equals")
+    if isinstance(equals, str):
+        _check_template(t, "equals", equals, keep)
+    for name in ("matches", "text_matches"):
+        pattern = t.get(name, str, "")
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                t.fail(name, "a regular expression", f"{pattern!r} ({exc})")
+    return Rule(path=path, equals=equals, one_of=tuple(t.get("one_of", list, [])),
+                exists=t.get("exists", bool, None), matches=t.get("matches", str, ""),
+                text_matches=t.get("text_matches", str, ""),
+                is_error=t.get("is_error", bool, None))
+
+
+def _check_template(t: _Table, key: str, template: str, keep: list[str] | None) -> None:
+    """A template may name only arguments the receipt stores (with `keep`, those kept):
+    the reconciler works from the receipt, never from the call it did not see."""
+    for name in _TEMPLATE.findall(template):
+        if keep is not None and not any(name == k or name.startswith(k + ".") for k in keep):
+            t.fail(key, f"a template over stored arguments (keep = {keep})",
+                   f"{{{name}}}, which is not kept")
+
+
+def _seconds(t: _Table, key: str, default: float, *, allow_zero: bool = False,
+             high: float = 3600) -> float:
+    value = t.get(key, (int, float), default)
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not low_ok or value > high:
+        t.fail(key, f"seconds, {'from 0' if allow_zero else 'more than 0'} to {high:g}", value)
+    return float(value)
+
+
+class _Table:
+    def __init__(self, data: dict[str, Any], where: str, source: str):
+        self.data, self.where, self.source = data, where, source
+
+    def fail(self, key: str, expected: str, found: Any):
+        raise ConfigError(f"{self.source}: {self.where} {key}: expected {expected}, found "
+                          f"{found}")
+
+    def only(self, allowed: set[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                self.fail(key, f"one of the keys {sorted(allowed)}", f"unknown key {key!r}")
+
+    def require(self, key: str, kind):
+        if key not in self.data:
+            self.fail(key, _kind_name(kind), "nothing (it is required)")
+        return self.get(key, kind, None)
+
+    def get(self, key: str, kind, default):
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            self.fail(key, _kind_name(kind), repr(value))
+        if not isinstance(value, kinds):
+            self.fail(key, _kind_name(kind), f"{type(value).__name__} {value!r}"[:200])
+        return value
+
+
+def _kind_name(kind) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", list: "a list",
+             dict: "a table", bool: "true or false"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+# --- checks against the upstream's tool list ---------------------------------------------
+
+
+def check_against_tools(config: Config, tools: dict[str, dict[str, Any]]) -> None:
+    """`tools`: name -> inputSchema, as the upstream listed them. Every configured tool (and
+    reconciler's read tool) must exist, and the arguments a key, `keep` or a read's template
+    names must be properties of its input schema when the schema lists properties."""
+    listed = sorted(tools)
+    for tool in config.tools.values():
+        where = f"{config.path}: [tools.{tool.name}]"
+        if tool.name not in tools:
+            raise ConfigError(f"{where}: expected tool {tool.name!r} among the upstream's "
+                              f"tools {listed}, found none")
+        if not tool.is_consequential:
+            continue
+        props = _properties(tools[tool.name])
+        for what, paths in (("key.names", tool.key_names), ("keep", tool.keep or ())):
+            for p in paths:
+                top = p.split(".")[0]
+                if props is not None and top not in props:
+                    raise ConfigError(
+                        f"{where} {what}: expected argument {top!r} in the input schema "
+                        f"the upstream declares for {tool.name} (properties {sorted(props)}), "
+                        "found none")
+        if tool.reconcile is not None:
+            read = tool.reconcile.tool
+            if read not in tools:
+                raise ConfigError(f"{where[:-1]}.reconcile] tool: expected {read!r} among "
+                                  f"the upstream's tools {listed}, found none")
+            read_props = _properties(tools[read])
+            for arg in tool.reconcile.arguments:
+                if read_props is not None and arg not in read_props:
+                    raise ConfigError(
+                        f"{where[:-1]}.reconcile] arguments.{arg}: expected an argument of "
+                        f"{read} (properties {sorted(read_props)}), found none")
+
+
+def _properties(schema: Any) -> set[str] | None:
+    if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+        return set(schema["properties"])
+    return None
+
+
+# --- templates and paths -----------------------------------------------------------------
+
+_MISSING = object()
+
+
+def lookup(value: Any, path: str) -> Any:
+    """The value at dotted `path` (list items by index), or `MISSING`."""
+    current = value
+    for part in path.split("."):
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return _MISSING
+    return current
+
+
+MISSING = _MISSING
+
+
+def render(template: Any, arguments: dict[str, Any]) -> Any:
+    """A template over `arguments`: "{name}" alone gives the value itself (any JSON type);
+    inside other text, its text. A name that is not there raises KeyError."""
+    if not isinstance(template, str):
+        return template
+    whole = _TEMPLATE.fullmatch(template)
+    if whole:
+        found = lookup(arguments, whole[1])
+        if found is MISSING:
+            raise KeyError(whole[1])
+        return found
+
+    def one(match: re.Match) -> str:
+        found = lookup(arguments, match[1])
+        if found is MISSING:
+            raise KeyError(match[1])
+        return found if isinstance(found, str) else str(found)
+
+    return _TEMPLATE.sub(one, template)

@@ -1,0 +1,556 @@
+"""The MCP gateway: an MCP server in front of one upstream MCP server, writing a receipt for
+every consequential tool call.
+
+Everything but `tools/call` of a consequential tool is forwarded as it is: tool lists
+(names, descriptions, schemas), resources, prompts, completions, and calls of pass-through
+tools. A consequential call goes through the ledger (`ledger.receipts`, acting as the agent
+key, its name the actor on every event):
+
+    record the intent (redacted, or only `keep`) under the call's idempotency key
+    state planned / safe_to_retry -> mark submitted (an approval policy may hold it here)
+        -> forward -> isError result: rejected; a JSON-RPC refusal that says the tool did
+           not run: rejected; a timeout, a closed connection, a result that breaks the
+           tool's own output schema, a cancellation: outcome_unknown; a result: succeeded
+           with the result stored (unless the configured external id is missing: then
+           outcome_unknown, for the reconciler to read)
+    succeeded -> the stored result, not forwarded
+    submitted / outcome_unknown / reconciling / manual_review -> a tool error telling the
+        model the outcome is not known yet and not to retry; never a second forward
+    rejected / abandoned -> a tool error saying so; not forwarded
+
+The ledger's writes run on Django's thread-sensitive worker thread (`sync_to_async`), one
+whole write per hop, so no transaction spans an await and the event loop never waits on
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import mcp_types as types
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
+
+from api.gateway import config as cfg
+from api.gateway.upstream import UpstreamLink, UpstreamUnreachable
+from ledger import access, approvals, conf, receipts, transitions
+from ledger.canonical import canonical_json, redact, scrub_text
+from ledger.errors import (
+    ApprovalDenied,
+    ApprovalRequired,
+    InvalidInput,
+    LedgerError,
+    PermissionDenied,
+    StaleVersion,
+)
+from ledger.inputs import check_json, storable
+from ledger.models import AgentKey, ApprovalRequest, Operation
+from ledger.states import State
+
+logger = logging.getLogger("api.gateway")
+
+# JSON-RPC errors that say the request was refused before the tool ran: rejected.
+NOT_EXECUTED = {types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND,
+                types.INVALID_PARAMS}
+UNKNOWN_STATES = {State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING,
+                  State.MANUAL_REVIEW}
+
+
+class Principal:
+    """Where a call's agent key comes from: one secret for the whole process (stdio), or
+    the request's own bearer key (Streamable HTTP, put in the ASGI scope)."""
+
+    def __init__(self, secret: str | None = None):
+        self.secret = secret
+
+    def current(self, ctx) -> AgentKey | None:
+        """The live key for this request (checked on every call: revoking a key stops it
+        at the next call). Runs on the database thread."""
+        from ledger import agent_keys
+
+        request = getattr(ctx, "request", None)
+        if request is not None:
+            from api.mcp import SCOPE_KEY
+            return request.scope.get(SCOPE_KEY)
+        return agent_keys.authenticate(self.secret) if self.secret else None
+
+
+def _db(fn):
+    """`fn` on Django's thread-sensitive thread, its connection closed if stale."""
+
+    def run(*args, **kwargs):
+        close_old_connections()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(run, thread_sensitive=True)
+
+
+def tool_error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
+                                is_error=True)
+
+
+class Gateway:
+    """One configuration, one upstream, one MCP server (`self.server`, the SDK's low-level
+    `Server`) serving any number of clients over stdio or Streamable HTTP.
+
+    Programmatic use::
+
+        gateway = Gateway(cfg.load("gateway.toml"), principal=Principal(secret))
+        async with gateway.connected():          # opens the upstream, checks the config
+            await gateway.serve_stdio()          # or: gateway.streamable_http_app()
+    """
+
+    def __init__(self, config: cfg.Config, *, principal: Principal):
+        self.config = config
+        self.principal = principal
+        self.link = UpstreamLink(config.upstream)
+        self.stdio_session = ""
+        self.server = self._build_server()
+
+    # --- life cycle --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def connected(self):
+        """Open the upstream and check the configuration against its tool list; raises
+        UpstreamUnreachable or cfg.ConfigError (nothing is served then)."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.link.run)
+            try:
+                await self.link.started()
+                tools = await self.link.list_all_tools(self.config.upstream.connect_timeout)
+                cfg.check_against_tools(self.config,
+                                        {t.name: t.input_schema for t in tools})
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def serve_stdio(self) -> None:
+        """Serve one client over this process's stdin/stdout (its session: this process)."""
+        from mcp.server.stdio import stdio_server
+
+        self.stdio_session = f"stdio-{uuid.uuid4().hex[:16]}"
+        async with stdio_server() as (read, write):
+            await self.server.run(read, write, self.server.create_initialization_options())
+
+    def streamable_http_app(self, *, path: str = "/mcp", allowed_hosts=("127.0.0.1",
+                                                                          "localhost")):
+        """An ASGI app serving the gateway at `path` over Streamable HTTP (stateful: each
+        client gets an Mcp-Session-Id, which default keys are scoped to), behind the same
+        bearer agent keys as the ledger's own /mcp. Its lifespan opens the upstream."""
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from api.mcp import BearerKeyASGI
+
+        hosts = list(allowed_hosts)
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection="*" not in hosts,
+            allowed_hosts=[h for host in hosts for h in (host, f"{host}:*")],
+            allowed_origins=[f"{scheme}://{host}{port}" for host in hosts
+                             for scheme in ("http", "https") for port in ("", ":*")],
+        )
+        app = self.server.streamable_http_app(streamable_http_path=path, json_response=True,
+                                              transport_security=security)
+        manager = self.server.session_manager
+
+        @asynccontextmanager
+        async def lifespan(_app):
+            async with self.connected(), manager.run():
+                yield
+
+        app.router.lifespan_context = lifespan
+        return BearerKeyASGI(app)
+
+    # --- the MCP server ----------------------------------------------------------------
+
+    def _build_server(self) -> Server:
+        server = Server(
+            f"agent-ledger-gateway-{self.config.name}", version="1",
+            on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+            on_list_resources=self._forward("list_resources"),
+            on_list_resource_templates=self._forward("list_resource_templates"),
+            on_read_resource=self._read_resource,
+            on_list_prompts=self._forward("list_prompts"),
+            on_get_prompt=self._get_prompt,
+            on_completion=self._complete,
+        )
+        return server
+
+    async def _upstream(self):
+        return await self.link.client(self.config.upstream.connect_timeout)
+
+    async def _list_tools(self, ctx, params):
+        client = await self._upstream()
+        return await self._guard(client, client.session.list_tools(params=params))
+
+    def _forward(self, method: str):
+        async def handler(ctx, params):
+            client = await self._upstream()
+            return await self._guard(client, getattr(client.session, method)(params=params))
+        return handler
+
+    async def _read_resource(self, ctx, params):
+        client = await self._upstream()
+        return await self._guard(client, client.session.read_resource(params.uri))
+
+    async def _get_prompt(self, ctx, params):
+        client = await self._upstream()
+        return await self._guard(client, client.session.get_prompt(params.name,
+                                                                   params.arguments))
+
+    async def _complete(self, ctx, params):
+        client = await self._upstream()
+        return await self._guard(client, client.session.complete(
+            params.ref, params.argument.model_dump(), context_arguments=(
+                params.context.arguments if params.context else None)))
+
+    async def _guard(self, client, awaitable):
+        """Await a forwarded request; a closed connection reopens the upstream."""
+        try:
+            return await awaitable
+        except MCPError as exc:
+            if exc.error.code == types.CONNECTION_CLOSED:
+                self.link.broken(client)
+            raise
+
+    def _session_of(self, ctx) -> str | None:
+        """The client's MCP session: this process on stdio; the Mcp-Session-Id over
+        Streamable HTTP; None for a request that belongs to no session."""
+        if getattr(ctx, "request", None) is None:
+            return self.stdio_session or "in-process"
+        connection = getattr(ctx.session, "_connection", None)
+        return getattr(connection, "session_id", None)
+
+    async def _call_tool(self, ctx, params: types.CallToolRequestParams):
+        tool = self.config.tool(params.name)
+        arguments = dict(params.arguments or {})
+        if not tool.is_consequential:
+            client = await self._upstream()
+            try:
+                return await self._guard(client, client.call_tool(params.name, arguments))
+            except RuntimeError as exc:  # the SDK's check of the tool's output schema
+                return tool_error(f"The upstream's result of {params.name} broke the output "
+                                  f"schema it declares: {exc}")
+        return await self._consequential(ctx, tool, arguments, params)
+
+    # --- a consequential call ------------------------------------------------------------
+
+    async def _consequential(self, ctx, tool: cfg.Tool, arguments: dict[str, Any],
+                             params: types.CallToolRequestParams) -> types.CallToolResult:
+        meta = params.meta if params.meta is not None else {}
+        if not isinstance(meta, dict):
+            meta = meta.model_dump(by_alias=True)
+        try:
+            op = await _db(self._record)(ctx, tool, arguments, self._session_of(ctx), meta)
+        except LedgerError as exc:
+            return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+        while True:
+            if op.state in (State.PLANNED, State.SAFE_TO_RETRY):
+                try:
+                    op = await _db(self._submit)(tool, op)
+                except ApprovalRequired:
+                    waited = await self._await_approval(tool, op)
+                    if isinstance(waited, types.CallToolResult):
+                        return waited
+                    op = waited
+                    continue
+                except ApprovalDenied as exc:
+                    return tool_error(
+                        f"Denied: a reviewer denied operation {op.operation} "
+                        f"({op.operation_id}): {exc.reason}. It is not sent; do not retry.")
+                except StaleVersion:
+                    # Another call of the same key moved it first: answer from its state.
+                    op = await _db(Operation.objects.get)(pk=op.pk)
+                    return await self._settled(tool, op)
+                except LedgerError as exc:
+                    return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+                return await self._send(tool, op, arguments)
+            return await self._settled(tool, op)
+
+    def _record(self, ctx, tool: cfg.Tool, arguments, session: str | None,
+                meta: dict[str, Any]) -> Operation:
+        key = self.principal.current(ctx)
+        if key is None:
+            raise PermissionDenied("expected a live agent key, found it revoked or unknown")
+        tenant = self._tenant(key)
+        check_json(arguments, what="arguments")
+        idempotency_key = self._key(tool, arguments, session, meta)
+        stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
+        # The MCP session, named so the desk can show it: on stdio the gateway's own id of
+        # its one client; over HTTP a digest of the Mcp-Session-Id (the id itself lets its
+        # holder speak in that session, so it is not stored).
+        intent = {"tool": tool.name, "arguments": stored,
+                  "mcp": {"gateway": self.config.name, "connection": _label(session)}}
+        op = receipts.record_intent(
+            tool.operation, tool.target, intent, tenant=tenant,
+            idempotency_key=idempotency_key, fingerprint_fields=["tool", "arguments"],
+            redact=[f"arguments.{p}" for p in tool.redact], retry_policy=tool.retry_policy,
+            actor=key.name,
+        )
+        op._gateway_actor = key.name
+        return op
+
+    def _tenant(self, key: AgentKey) -> str:
+        tenant = self.config.tenant
+        if tenant is None:
+            if len(key.tenants) == 1:
+                return key.tenants[0]
+            if "default" in key.tenants:
+                return "default"
+            raise InvalidInput(f"expected [gateway] tenant (key {key.name} sees "
+                               f"{sorted(key.tenants)}), found none")
+        if not access.can_see(key, tenant):
+            raise PermissionDenied(f"expected key {key.name} to be granted tenant {tenant!r}, "
+                                   f"found it scoped to {sorted(key.tenants)}")
+        return tenant
+
+    def _key(self, tool: cfg.Tool, arguments, session: str | None, meta) -> str:
+        sent = meta.get(cfg.META_KEY)
+        if sent is not None or tool.key_from == cfg.KEY_FROM_META:
+            if not isinstance(sent, str) or not sent.strip() or len(sent) > 200:
+                raise InvalidInput(
+                    f"expected _meta[{cfg.META_KEY!r}] of tool {tool.name} to be a non-empty "
+                    f"string of at most 200 characters, found {sent!r}")
+            return sent
+        if tool.key_from == cfg.KEY_FROM_ARGUMENTS:
+            named = {}
+            for name in tool.key_names:
+                value = cfg.lookup(arguments, name)
+                if value is cfg.MISSING:
+                    raise InvalidInput(f"expected argument {name!r} of tool {tool.name} (its "
+                                       f"idempotency key is made of {list(tool.key_names)}), "
+                                       "found none")
+                named[name] = value
+            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named})
+        if session is None:
+            raise InvalidInput(
+                f"expected an MCP session for the default key of tool {tool.name} (one effect "
+                "per distinct call in a session), found a request outside any session; send "
+                f"_meta[{cfg.META_KEY!r}] or configure key.from = 'arguments'")
+        return "mcp-session:" + _digest({"session": session, "tool": tool.name,
+                                         "arguments": arguments})
+
+    def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
+        in_flight = timedelta(seconds=tool.in_flight) if tool.in_flight else None
+        actor = getattr(op, "_gateway_actor", None)
+        sent = receipts.mark_submitted(op, actor=actor, in_flight_for=in_flight)
+        sent._gateway_actor = actor
+        return sent
+
+    async def _await_approval(self, tool: cfg.Tool, op: Operation):
+        """Ask a person (once) and wait up to `approval_wait`; the approved operation, or
+        the tool error the model reads."""
+        await _db(self._request_approval)(tool, op)
+        awaiting = tool_error(
+            f"Awaiting approval: operation {op.operation} ({op.operation_id}) needs a "
+            "person's approval before it is sent. Call again with the same arguments after "
+            "approval; it is sent once, then.")
+        if tool.approval_wait <= 0:
+            return awaiting
+        try:
+            approved = await approvals.await_decision(op, timeout=tool.approval_wait)
+        except ApprovalRequired:
+            return awaiting
+        except ApprovalDenied as exc:
+            return tool_error(f"Denied: a reviewer denied operation {op.operation} "
+                              f"({op.operation_id}): {exc.reason}. It is not sent; do not "
+                              "retry.")
+        if approved.intent_fingerprint != op.intent_fingerprint:
+            return tool_error(
+                f"Approved with changes: a reviewer edited the arguments of operation "
+                f"{op.operation} ({op.operation_id}); the gateway sends only what the model "
+                f"asked. Read the approved arguments on the review desk; not sent.")
+        approved._gateway_actor = getattr(op, "_gateway_actor", None)
+        return approved
+
+    def _request_approval(self, tool: cfg.Tool, op: Operation) -> None:
+        if ApprovalRequest.objects.filter(operation_id=op.pk,
+                                          status=ApprovalRequest.Status.PENDING).exists():
+            return
+        session = (op.intent.get("mcp") or {}).get("connection", "")
+        approvals.request(op, note=f"MCP tool {tool.name} through gateway "
+                                   f"{self.config.name}, session {session}",
+                          actor=getattr(op, "_gateway_actor", None))
+
+    async def _send(self, tool: cfg.Tool, op: Operation, arguments) -> types.CallToolResult:
+        """Forward the submitted call and record how it ended; never retries."""
+        client = None
+        try:
+            client = await self.link.client(tool.timeout)
+            result = await client.call_tool(tool.name, arguments,
+                                            read_timeout_seconds=tool.timeout)
+        except MCPError as exc:
+            code = exc.error.code
+            if code == types.CONNECTION_CLOSED and client is not None:
+                self.link.broken(client)
+            if code in NOT_EXECUTED:
+                await self._finish(op, State.REJECTED, error_code=f"mcp_error_{code}",
+                                   detail=exc.error.message)
+                raise
+            return await self._unknown(tool, op, f"mcp_error_{code}", exc.error.message)
+        except UpstreamUnreachable as exc:
+            return await self._unknown(tool, op, "upstream_unreachable", str(exc))
+        except Exception as exc:  # a result the SDK refused, a transport failure...
+            return await self._unknown(tool, op, type(exc).__name__, str(exc))
+        except BaseException:
+            # Cancelled (the client gave up, the gateway is stopping): the request may
+            # have reached the upstream.
+            with anyio.CancelScope(shield=True):
+                await self._finish(op, State.OUTCOME_UNKNOWN, error_code="cancelled",
+                                   detail="the call was cancelled after it was forwarded")
+            raise
+        if not isinstance(result, types.CallToolResult):
+            return await self._unknown(tool, op, "unexpected_result",
+                                       f"a {type(result).__name__} instead of a tool result")
+        if result.is_error:
+            await self._finish(op, State.REJECTED, error_code="tool_error",
+                               detail=_text(result))
+            return result
+        external_id, missing = self._external_id(tool, result, arguments)
+        if missing:
+            return await self._unknown(tool, op, "external_id_missing", missing)
+        await self._finish(op, State.SUCCEEDED, result=result, external_id=external_id)
+        return result
+
+    def _external_id(self, tool: cfg.Tool, result: types.CallToolResult, arguments
+                     ) -> tuple[str | None, str]:
+        """(the effect's id or None, "" or why the configured id is missing)."""
+        if tool.external_id_template:
+            try:
+                value = cfg.render(tool.external_id_template, arguments)
+            except KeyError as exc:
+                return None, f"expected argument {exc} for external_id_template, found none"
+            return storable(str(value), 500) or None, ""
+        if not tool.external_id:
+            return None, ""
+        structured = result.structured_content
+        value = (cfg.lookup(structured, tool.external_id) if isinstance(structured, dict)
+                 else cfg.MISSING)
+        if value is cfg.MISSING or isinstance(value, bool) or not isinstance(value, str | int) \
+                or str(value).strip() == "":
+            found = ("no structured result" if structured is None else
+                     f"keys {sorted(structured)[:20]}" if isinstance(structured, dict) else
+                     type(structured).__name__)
+            if value is not cfg.MISSING:
+                found = f"{value!r}"[:200]
+            return None, (f"expected the external id at {tool.external_id!r} of the "
+                          f"structured result, found {found}")
+        return storable(str(value), 500), ""
+
+    async def _unknown(self, tool: cfg.Tool, op: Operation, code: str, detail: str
+                       ) -> types.CallToolResult:
+        await self._finish(op, State.OUTCOME_UNKNOWN, error_code=code, detail=detail)
+        return tool_error(_unknown_text(op, f"{code}: {detail}"))
+
+    async def _finish(self, op: Operation, state: str, *, error_code: str = "",
+                      detail: str = "", result: types.CallToolResult | None = None,
+                      external_id: str | None = None) -> None:
+        await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+
+    def _write_outcome(self, op, state, error_code, detail, result, external_id) -> None:
+        actor = getattr(op, "_gateway_actor", None)
+        if state == State.REJECTED:
+            receipts.mark_rejected(op, error_code=error_code, detail=detail, actor=actor)
+        elif state == State.OUTCOME_UNKNOWN:
+            receipts.mark_outcome_unknown(op, error_code=error_code, detail=detail,
+                                          actor=actor)
+        else:
+            stored, why = self._storable(result)
+            changes: dict[str, Any] = {"result": stored, "result_unstorable": why}
+            if external_id:
+                changes["external_id"] = scrub_text(external_id)
+            transitions.by_agent(op, State.SUCCEEDED, actor=actor,
+                                 reason="the upstream MCP server returned a result",
+                                 changes=changes)
+
+    def _storable(self, result: types.CallToolResult) -> tuple[Any, str]:
+        value = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            check_json(value, what="result")
+        except InvalidInput as exc:
+            return None, str(exc)[:300]
+        stored = redact(value)
+        size = len(canonical_json(stored).encode("utf-8"))
+        limit = min(self.config.max_result_bytes, conf.MAX_INTENT_BYTES)
+        if size > limit:
+            return None, (f"a result of {size:,} bytes, above the {limit:,} bytes the "
+                          "gateway stores ([gateway] max_result_bytes, "
+                          "LEDGER_MAX_INTENT_BYTES)")
+        return stored, ""
+
+    async def _settled(self, tool: cfg.Tool, op: Operation) -> types.CallToolResult:
+        """What a call of a key that is not to be sent gets."""
+        if op.state == State.SUCCEEDED:
+            if op.result is None:
+                why = (f"its result was not stored: {op.result_unstorable}"
+                       if op.result_unstorable else "it was confirmed by reading the "
+                       "upstream (or by a person), so the original result is not on record")
+                return tool_error(
+                    f"Already done: operation {op.operation} ({op.operation_id}) succeeded"
+                    f" (external id {op.external_id or 'none'}); {why}. It is not sent "
+                    "again; do not retry.")
+            return types.CallToolResult.model_validate(op.result)
+        if op.state == State.REJECTED:
+            return tool_error(
+                f"Rejected earlier: the upstream refused operation {op.operation} "
+                f"({op.operation_id}) with {op.error_code}: {op.error_detail}. The same call "
+                "is not sent again; change the arguments to make a different call.")
+        if op.state == State.ABANDONED:
+            return tool_error(
+                f"Abandoned: a person decided operation {op.operation} ({op.operation_id}) "
+                "must not happen. It is not sent; do not retry.")
+        return tool_error(_unknown_text(op, op.error_code or op.state))
+
+
+def _unknown_text(op: Operation, why: str) -> str:
+    return (f"The outcome is not known yet ({why}). Do not retry: operation {op.operation} "
+            f"({op.operation_id}) is being reconciled by reading the upstream; call again "
+            "later with the same arguments to get its result.")
+
+
+def _text(result: types.CallToolResult) -> str:
+    parts = [c.text for c in result.content if isinstance(c, types.TextContent)]
+    return storable(" ".join(parts) or "the tool returned an error without text", 4000)
+
+
+def _label(session: str | None) -> str:
+    if not session:
+        return ""
+    if session.startswith(("stdio-", "in-process")):
+        return session
+    return "http-" + hashlib.sha256(session.encode()).hexdigest()[:16]
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def _kept(arguments: dict[str, Any], keep: tuple[str, ...]) -> dict[str, Any]:
+    """Only the dotted `keep` paths of `arguments`, nested as they were."""
+    out: dict[str, Any] = {}
+    for path in keep:
+        value = cfg.lookup(arguments, path)
+        if value is cfg.MISSING:
+            continue
+        parts = path.split(".")
+        here = out
+        for part in parts[:-1]:
+            here = here.setdefault(part, {})
+        here[parts[-1]] = value
+    return out
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=str)

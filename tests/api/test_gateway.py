@@ -1,0 +1,393 @@
+"""The MCP gateway with real processes and real transports: an MCP client of the official
+SDK -> `manage.py mcp_gateway` (stdio, or Streamable HTTP under uvicorn) -> a fault proxy
+-> the upstream MCP server of tests/api/gateway_upstream.py, which counts its own effects.
+`manage.py reconcile` settles the unknown ones through the upstream's read tool."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from django.db import connection
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from ledger import approvals
+from ledger.models import Operation
+from tests.factories import UserFactory
+from tests.support.processes import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HERE = Path(__file__).resolve().parent
+UPSTREAM = [sys.executable, str(HERE / "gateway_upstream.py")]
+PROXY = [sys.executable, str(HERE / "gateway_fault_proxy.py"), "--"]
+
+
+def toml_value(value) -> str:
+    return json.dumps(value)  # JSON strings, numbers and lists are TOML too
+
+
+def write_config(tmp_path: Path, *, behaviour="normal", plan=None, extra="",
+                 timeout=3, name="gateway.toml", command=None) -> Path:
+    state = tmp_path / "upstream-state.json"
+    env = {"UPSTREAM_STATE": str(state), "UPSTREAM_BEHAVIOUR": behaviour,
+           "FAULT_PLAN": json.dumps(plan or {})}
+    command = command or [*PROXY, *UPSTREAM]
+    path = tmp_path / name
+    path.write_text(f"""
+[gateway]
+name = "billing"
+
+[upstream]
+command = {toml_value(command)}
+env = {{ {", ".join(f"{k} = {toml_value(v)}" for k, v in env.items())} }}
+connect_timeout = 30
+
+[tools.create_invoice]
+mode = "consequential"
+operation = "invoices.create"
+target = "mcp://billing/create_invoice"
+keep = ["customer", "amount", "reference"]
+external_id = "id"
+timeout = {timeout}
+in_flight = 1
+{extra}
+
+[tools.create_invoice.reconcile]
+tool = "find_invoice"
+arguments = {{ reference = "{{reference}}" }}
+found = {{ path = "status", equals = "found" }}
+absent = {{ path = "status", equals = "absent" }}
+external_id = "invoice.id"
+
+[tools.find_invoice]
+mode = "pass-through"
+""")
+    return path
+
+
+def invoices(tmp_path: Path) -> list[dict]:
+    state = tmp_path / "upstream-state.json"
+    return json.loads(state.read_text())["invoices"] if state.exists() else []
+
+
+def gateway_env(secret: str, **extra) -> dict[str, str]:
+    return {**os.environ, "LEDGER_AGENT_KEY": secret,
+            "LEDGER_DATABASE_NAME": connection.settings_dict["NAME"], **extra}
+
+
+def through_gateway(config: Path, secret: str) -> Client:
+    return Client(StdioServerParameters(
+        command=sys.executable, args=["manage.py", "mcp_gateway", "--config", str(config)],
+        cwd=str(ROOT), env=gateway_env(secret)), cache=None)
+
+
+def reconcile_once(*configs: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "reconcile", "--once", "--no-seal"], cwd=ROOT,
+        env=gateway_env("", LEDGER_GATEWAY_CONFIGS=",".join(map(str, configs))),
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def invoice(reference: str, amount: int = 100) -> dict:
+    return {"customer": "ada", "amount": amount, "reference": reference}
+
+
+def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_path):
+    """Call 2's reply and call 3's request are lost; the model retries each: the upstream
+    counts one invoice per reference, the unknown ones settle by reading, nothing is lost."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, plan={"tool": "create_invoice", "drop_reply": [2],
+                                          "drop_request": [3]})
+
+    async def session():
+        async with through_gateway(config, secret) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert set(tools) == {"create_invoice", "find_invoice", "noop"}
+            assert tools["create_invoice"].description == "Create an invoice (one per call)."
+            assert tools["create_invoice"].output_schema["required"][0] == "id"
+
+            done = await client.call_tool("create_invoice", invoice("r-1"))
+            assert not done.is_error and done.structured_content["id"] == "inv-1"
+            again = await client.call_tool("create_invoice", invoice("r-1"))
+            assert again.structured_content == done.structured_content
+
+            lost_reply = await client.call_tool("create_invoice", invoice("r-2"))
+            assert lost_reply.is_error
+            text = lost_reply.content[0].text
+            assert "The outcome is not known yet" in text and "Do not retry" in text
+            assert "invoices.create" in text
+            retried = await client.call_tool("create_invoice", invoice("r-2"))
+            assert retried.is_error and "being reconciled" in retried.content[0].text
+
+            lost_request = await client.call_tool("create_invoice", invoice("r-3"))
+            assert lost_request.is_error and "not known yet" in lost_request.content[0].text
+            retried = await client.call_tool("create_invoice", invoice("r-3"))
+            assert retried.is_error
+
+            # Reads pass through and are never recorded.
+            read = await client.call_tool("find_invoice", {"reference": "r-1"})
+            assert read.structured_content["status"] == "found"
+            count = await client.read_resource("invoices://count")
+            assert count.contents[0].text == "2"
+            prompts = await client.list_prompts()
+            assert [p.name for p in prompts.prompts] == ["summary"]
+
+            # The reconcile process reads the upstream while this session goes on.
+            await anyio.sleep(1.2)  # past the in-flight window (1 s) of the lost request
+            out = await anyio.to_thread.run_sync(reconcile_once, config)
+            assert "found -> succeeded" in out and "proven_absent -> safe_to_retry" in out
+
+            # The model calls again: r-3 was proven absent, so it is sent (attempt 2);
+            # r-2 was found, so it is not.
+            retried = await client.call_tool("create_invoice", invoice("r-3"))
+            assert not retried.is_error, retried.content
+            assert retried.structured_content["reference"] == "r-3"
+            found = await client.call_tool("create_invoice", invoice("r-2"))
+            assert found.is_error and "Already done" in found.content[0].text
+            assert "inv-2" in found.content[0].text
+
+    anyio.run(session)
+    assert [i["reference"] for i in invoices(tmp_path)] == ["r-1", "r-2", "r-3"]
+    ops = {op.intent["arguments"]["reference"]: op for op in Operation.objects.all()}
+    assert {ref: op.state for ref, op in ops.items()} == {
+        "r-1": "succeeded", "r-2": "succeeded", "r-3": "succeeded"}
+    assert [ops[r].external_id for r in ("r-1", "r-2", "r-3")] == ["inv-1", "inv-2", "inv-3"]
+    assert ops["r-1"].result["structuredContent"]["id"] == "inv-1"
+    assert ops["r-3"].attempt == 2
+    assert ops["r-1"].intent["tool"] == "create_invoice"
+    assert ops["r-1"].intent["mcp"]["connection"].startswith("stdio-")
+    timeline = [(e.to_state, e.actor_kind) for e in ops["r-2"].events.order_by("version")]
+    assert timeline[:3] == [("planned", "agent"), ("submitted", "agent"),
+                            ("outcome_unknown", "agent")]
+    assert timeline[-1][0] == "succeeded"
+    assert {e.actor_id for e in ops["r-1"].events.all()} == {"billing-bot"}
+    assert "timed out" in ops["r-2"].events.get(to_state="outcome_unknown").reason
+
+
+def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path)
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            refused = await client.call_tool("create_invoice", invoice("r-9", amount=0))
+            assert refused.is_error and "amount must be a positive" in refused.content[0].text
+            again = await client.call_tool("create_invoice", invoice("r-9", amount=0))
+            assert again.is_error and "Rejected earlier" in again.content[0].text
+
+    anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "rejected" and "amount must be a positive" in op.error_detail
+    assert invoices(tmp_path) == []
+
+
+def test_named_arguments_make_the_key_across_sessions(make_key, tmp_path):
+    """key.from = 'arguments': the same reference is the same effect in any session, even
+    with other amounts (IdempotencyKeyReused, not a second invoice)."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, extra='key = { from = "arguments", names = ["reference"] }')
+
+    async def session(amount):
+        async with through_gateway(config, secret) as client:
+            return await client.call_tool("create_invoice", invoice("r-5", amount=amount))
+
+    first = anyio.run(session, 100)
+    second = anyio.run(session, 100)
+    assert first.structured_content == second.structured_content
+    other = anyio.run(session, 200)
+    assert other.is_error and "IdempotencyKeyReused" in other.content[0].text
+    assert len(invoices(tmp_path)) == 1
+
+
+@pytest.mark.parametrize(("behaviour", "code", "detail"), [
+    ("lie", "RuntimeError", "Invalid structured content"),
+    ("no_id", "external_id_missing", "expected the external id at 'id'"),
+])
+def test_a_result_without_evidence_is_unknown_never_succeeded(make_key, tmp_path, behaviour,
+                                                              code, detail):
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour=behaviour)
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            answer = await client.call_tool("create_invoice", invoice("r-7"))
+            assert answer.is_error and "not known yet" in answer.content[0].text
+            assert detail in answer.content[0].text
+
+    anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "outcome_unknown" and op.error_code == code
+    assert detail in op.error_detail
+    assert len(invoices(tmp_path)) == 1  # the effect happened: the reconciler will find it
+    reconcile_once(config)
+    op.refresh_from_db()
+    assert op.state == "succeeded" and op.external_id == "inv-1"
+
+
+def test_a_huge_result_succeeds_on_its_id_without_being_stored(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="huge")
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            answer = await client.call_tool("create_invoice", invoice("r-8"))
+            assert not answer.is_error and len(answer.structured_content["pdf"]) == 2_000_000
+            again = await client.call_tool("create_invoice", invoice("r-8"))
+            assert again.is_error
+            assert "its result was not stored" in again.content[0].text
+            assert "bytes" in again.content[0].text
+
+    anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "succeeded" and op.external_id == "inv-1" and op.result is None
+    assert "above the" in op.result_unstorable
+    assert len(invoices(tmp_path)) == 1
+
+
+def test_an_approval_policy_holds_the_call_until_a_person_approves(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    reviewer = UserFactory(username="rita", role="reviewer", tenants=["default"])
+    admin = UserFactory(username="adam", role="admin", tenants=["default"])
+    approvals.set_policy("invoices.*", user=admin)
+    config = write_config(tmp_path)
+
+    # Across sessions, the client names its own key (default keys are per session).
+    meta = {"agent-ledger/idempotency-key": "invoice-r-6"}
+
+    async def ask():
+        async with through_gateway(config, secret) as client:
+            return await client.call_tool("create_invoice", invoice("r-6"), meta=meta)
+
+    held = anyio.run(ask)
+    assert held.is_error and "Awaiting approval" in held.content[0].text
+    assert "invoices.create" in held.content[0].text
+    assert invoices(tmp_path) == []
+    op = Operation.objects.get()
+    assert op.state == "planned"
+    approvals.approve(op, user=reviewer, reason="known customer")
+    done = anyio.run(ask)
+    assert not done.is_error, done.content
+    op.refresh_from_db()
+    assert op.state == "succeeded" and len(invoices(tmp_path)) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_path):
+    secret = make_key("http-billing-bot")
+    config = write_config(tmp_path)
+    port = _free_port()
+    log = open(tmp_path / "gateway.log", "w+")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "mcp_gateway", "--config", str(config), "--http",
+         f"127.0.0.1:{port}"], cwd=ROOT, env=gateway_env(""), stdout=log,
+        stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise AssertionError(f"gateway did not start:\n{log.read()}") from None
+                time.sleep(0.2)
+
+        async def session():
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
+            async with http, Client(streamable_http_client(url, http_client=http),
+                                    mode="legacy", cache=None) as client:
+                first = await client.call_tool("create_invoice", invoice("h-1"))
+                again = await client.call_tool("create_invoice", invoice("h-1"))
+                assert first.structured_content == again.structured_content
+                return first
+
+        first = anyio.run(session)
+        second = anyio.run(session)  # a new MCP session: a new effect, by design
+        assert first.structured_content["id"] == "inv-1"
+        assert second.structured_content["id"] == "inv-2"
+        assert len(invoices(tmp_path)) == 2
+        sessions = {op.intent["mcp"]["connection"] for op in Operation.objects.all()}
+        assert len(sessions) == 2 and all(s.startswith("http-") for s in sessions)
+        assert {e.actor_id for op in Operation.objects.all() for e in op.events.all()} == {
+            "http-billing-bot"}
+
+        async def unauthenticated():
+            async with Client(url, cache=None) as client:
+                await client.list_tools()
+
+        with pytest.raises(BaseException):  # noqa: B017,PT011 - a 401 ends the client
+            anyio.run(unauthenticated)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+# --- refusals at start -------------------------------------------------------------------
+
+
+def run_gateway(config: Path, secret: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", "mcp_gateway", "--config",
+                           str(config), *extra], cwd=ROOT, env=gateway_env(secret),
+                          capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+
+
+def test_an_unreachable_upstream_stops_the_gateway_with_a_clear_error(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    dead = write_config(tmp_path, command=[sys.executable, "-c", "import sys; sys.exit(3)"])
+    done = run_gateway(dead, secret, "--check")
+    assert done.returncode != 0
+    assert "expected the upstream MCP server (command" in done.stderr
+    nobody = tmp_path / "url.toml"
+    nobody.write_text('[upstream]\nurl = "http://127.0.0.1:9/mcp"\nconnect_timeout = 10\n')
+    done = run_gateway(nobody, secret, "--check")
+    assert done.returncode != 0
+    assert "expected the upstream MCP server (url 'http://127.0.0.1:9/mcp')" in done.stderr
+
+
+def test_a_configuration_that_does_not_fit_the_upstream_is_refused(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    wrong_tool = write_config(tmp_path, extra="", name="a.toml")
+    wrong_tool.write_text(wrong_tool.read_text().replace("tool = \"find_invoice\"",
+                                                         "tool = \"find_invoices\""))
+    done = run_gateway(wrong_tool, secret, "--check")
+    assert done.returncode != 0
+    assert "[tools.create_invoice.reconcile] tool: expected 'find_invoices' among the " \
+           "upstream's tools" in done.stderr
+    wrong_arg = write_config(tmp_path, name="b.toml",
+                             extra='key = { from = "arguments", names = ["invoice_ref"] }')
+    done = run_gateway(wrong_arg, secret, "--check")
+    assert done.returncode != 0
+    assert "[tools.create_invoice] key.names: expected argument 'invoice_ref' in the input " \
+           "schema" in done.stderr
+    fine = write_config(tmp_path, name="c.toml")
+    done = run_gateway(fine, secret, "--check")
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_gateway_without_a_live_key_does_not_start(make_key, tmp_path):
+    config = write_config(tmp_path)
+    done = run_gateway(config, "")
+    assert done.returncode != 0 and "expected an agent key in $LEDGER_AGENT_KEY" in done.stderr
+    done = run_gateway(config, "alk_" + "x" * 43)
+    assert done.returncode != 0 and "expected a live agent key" in done.stderr
