@@ -160,9 +160,9 @@ def _upstream(t: _Table, base: Path | None) -> Upstream:
     if (command is None) == (url is None):
         t.fail("command / url", "exactly one of them (a command over stdio, or a Streamable "
                "HTTP URL)", "both" if command is not None else "neither")
-    if command is not None:
-        if not command or not all(isinstance(part, str) and part for part in command):
-            t.fail("command", "a non-empty list of non-empty strings", command)
+    if command is not None and (
+            not command or not all(isinstance(part, str) and part for part in command)):
+        t.fail("command", "a non-empty list of non-empty strings", command)
     if url is not None and not re.match(r"https?://", url):
         t.fail("url", "an http:// or https:// URL", repr(url))
     env = t.get("env", dict, {})

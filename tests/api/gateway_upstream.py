@@ -94,9 +94,9 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                       else {"status": "absent", "invoice": None})
     if params.name == "create_invoice":
         if not isinstance(args.get("amount"), int) or args["amount"] <= 0:
-            return types.CallToolResult(content=[types.TextContent(
-                type="text", text=f"amount must be a positive integer, got {args.get('amount')!r}")],
-                is_error=True)
+            refusal = f"amount must be a positive integer, got {args.get('amount')!r}"
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=refusal)], is_error=True)
         with locked_state() as state:
             invoice = {"id": f"inv-{len(state['invoices']) + 1}",
                        "customer": str(args.get("customer")), "amount": args["amount"],

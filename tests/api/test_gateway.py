@@ -239,12 +239,13 @@ def test_a_result_without_evidence_is_unknown_never_succeeded(make_key, tmp_path
 
 def test_a_huge_result_succeeds_on_its_id_without_being_stored(make_key, tmp_path):
     secret = make_key("billing-bot")
-    config = write_config(tmp_path, behaviour="huge")
+    config = write_config(tmp_path, behaviour="huge", timeout=60)
 
     async def main():
         async with through_gateway(config, secret) as client:
             answer = await client.call_tool("create_invoice", invoice("r-8"))
-            assert not answer.is_error and len(answer.structured_content["pdf"]) == 2_000_000
+            assert not answer.is_error, answer.content[0].text
+            assert len(answer.structured_content["pdf"]) == 2_000_000
             again = await client.call_tool("create_invoice", invoice("r-8"))
             assert again.is_error
             assert "its result was not stored" in again.content[0].text

@@ -1,0 +1,121 @@
+"""The gateway's TOML configuration: every mistake is refused naming the table and key,
+what was expected and what was found; the examples in examples/gateway/ are valid."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from api.gateway import config as cfg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """
+[upstream]
+command = ["python", "server.py"]
+
+[tools.create_invoice]
+mode = "consequential"
+operation = "invoices.create"
+keep = ["customer", "reference"]
+external_id = "id"
+
+[tools.create_invoice.reconcile]
+tool = "find_invoice"
+arguments = { reference = "{reference}" }
+found = { path = "status", equals = "found" }
+absent = { path = "status", equals = "absent" }
+external_id = "invoice.id"
+"""
+
+
+def parse(text: str) -> cfg.Config:
+    return cfg.parse(tomllib.loads(text), source="g.toml")
+
+
+def test_a_good_configuration_reads_with_its_defaults():
+    config = parse(GOOD)
+    tool = config.tools["create_invoice"]
+    assert tool.is_consequential and tool.key_from == "session"
+    assert tool.target == "mcp://upstream/create_invoice" and tool.timeout == 30.0
+    assert tool.reconcile.found == cfg.Rule(path="status", equals="found")
+    assert config.tool("find_invoice").mode == "pass-through"  # unlisted: forwarded as is
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (("[upstream]\ncommand", "[upstream]\nurl = \"ftp://x\"\ncommand"),
+     "[upstream] command / url: expected exactly one of them"),
+    (('mode = "consequential"', 'mode = "sometimes"'),
+     "[tools.create_invoice] mode: expected 'pass-through' or 'consequential', found "
+     "'sometimes'"),
+    (('operation = "invoices.create"\n', ""),
+     "[tools.create_invoice] operation: expected a string, found nothing (it is required)"),
+    (('external_id = "id"', 'external_id = "id"\nkey = { from = "arguments" }'),
+     "[tools.create_invoice.key] names: expected the argument names the key is made of"),
+    (('external_id = "id"', 'external_id = "id"\ntimeout = -1'),
+     "[tools.create_invoice] timeout: expected seconds, more than 0 to 3600, found -1"),
+    (('external_id = "id"', 'external_id = "id"\ntimout = 5'),
+     "[tools.create_invoice] timout: expected one of the keys"),
+    (('arguments = { reference = "{reference}" }', 'arguments = { amount = "{amount}" }'),
+     "[tools.create_invoice.reconcile] arguments.amount: expected a template over stored "
+     "arguments (keep = ['customer', 'reference']), found {amount}, which is not kept"),
+    (('external_id = "invoice.id"', ""),
+     "[tools.create_invoice.reconcile] external_id / external_id_template: expected exactly "
+     "one"),
+    (('found = { path = "status", equals = "found" }', 'found = { path = "status" }'),
+     "[tools.create_invoice.reconcile.found] path: expected a condition on it"),
+    (('absent = { path = "status", equals = "absent" }', 'absent = { text_matches = "(" }'),
+     "[tools.create_invoice.reconcile.absent] text_matches: expected a regular expression"),
+])
+def test_each_mistake_names_its_table_key_expected_and_found(change, message):
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(cfg.ConfigError) as refused:
+        parse(GOOD.replace(old, new, 1))
+    assert str(refused.value).startswith("g.toml: ")
+    assert message in str(refused.value)
+
+
+def test_a_pass_through_tool_takes_no_settings():
+    with pytest.raises(cfg.ConfigError, match=r"\[tools.x\] operation: expected nothing but "
+                       "mode for a pass-through tool"):
+        parse('[upstream]\nurl = "http://h/mcp"\n[tools.x]\noperation = "a.b"\n')
+
+
+def test_a_file_that_is_not_toml_or_not_there_is_refused(tmp_path):
+    with pytest.raises(cfg.ConfigError, match="expected a readable gateway configuration"):
+        cfg.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[upstream\n")
+    with pytest.raises(cfg.ConfigError, match="expected TOML, found a syntax error"):
+        cfg.load(bad)
+
+
+def test_the_configuration_is_checked_against_the_upstreams_tools():
+    config = parse(GOOD)
+    schema = {"type": "object", "properties": {"customer": {}, "reference": {}}}
+    cfg.check_against_tools(config, {"create_invoice": schema, "find_invoice": {
+        "type": "object", "properties": {"reference": {}}}})
+    with pytest.raises(cfg.ConfigError, match="expected tool 'create_invoice' among the "
+                       r"upstream's tools \['find_invoice'\], found none"):
+        cfg.check_against_tools(config, {"find_invoice": {}})
+    with pytest.raises(cfg.ConfigError, match="keep: expected argument 'reference' in the "
+                       "input schema"):
+        cfg.check_against_tools(config, {"create_invoice": {
+            "type": "object", "properties": {"customer": {}}}, "find_invoice": {}})
+
+
+def test_templates_keep_the_type_of_a_whole_value():
+    assert cfg.render("{n}", {"n": 3}) == 3
+    assert cfg.render("file {a.b}", {"a": {"b": "x"}}) == "file x"
+    with pytest.raises(KeyError):
+        cfg.render("{missing}", {})
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "examples" / "gateway")
+                                        .glob("*.toml")))
+def test_the_example_configurations_are_valid(name):
+    config = cfg.load(ROOT / "examples" / "gateway" / name)
+    assert any(t.is_consequential and t.reconcile for t in config.tools.values())
