@@ -30,6 +30,7 @@ GOALS = {
     "P6": ("obligation commit: same / distinct obligations", None, ""),
     "P7": ("16 writers, 2 ms commits: one tenant / 16 tenants", 0.8, ">="),
     "P8": ("lifecycle: HTTP API (uvicorn) / in process", 2.0, "<="),
+    "P9": ("MCP tool call: through the gateway / straight to the upstream", None, ""),
 }
 
 
@@ -45,6 +46,9 @@ ALSO = {
                     f"{r['in_process_median_ms']:.1f} ms; transport floor "
                     f"{r['transport_median_ms']:.1f} ms ({r['transport_ratio']:.2f}x); "
                     f"with http.client {r['lean_client_ratio']:.2f}x",
+    "P9": lambda r: f"adds {r['added_ms']:.1f} ms per call ({r['direct_median_ms']:.1f} "
+                    f"-> {r['receipt_median_ms']:.1f} ms, stdio both); pass-through "
+                    f"{r['pass_through_ratio']:.2f}x",
     "P5": lambda r: f"longest purge batch {r['longest_batch_ms']:.0f} ms (goal <= 100 ms)"
                     + ("  met" if r["longest_batch_ms"] <= 100 else "  NOT met"),
 }

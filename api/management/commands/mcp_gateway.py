@@ -28,6 +28,7 @@ class Command(BaseCommand):
             gateway_config = load_config(config)
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
+        keep_connection()
         principal = Principal(os.environ.get(ENV_KEY, ""))
         if not http:
             if not principal.secret:
@@ -77,3 +78,15 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+def keep_connection() -> None:
+    """One long-lived agent process: without a pool, keep its database connection (and the
+    statements prepared on it) from call to call instead of reconnecting at each of the
+    three writes of every call; a connection found broken is replaced (health checks)."""
+    from django.db import connections
+
+    database = connections.settings["default"]
+    if "pool" not in database.get("OPTIONS", {}):
+        database["CONN_MAX_AGE"] = None
+        database["CONN_HEALTH_CHECKS"] = True

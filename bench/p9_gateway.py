@@ -1,0 +1,129 @@
+"""P9: an MCP tool call through the gateway / the same call straight to the upstream.
+
+Both over stdio, the upstream (tests/api/gateway_upstream.py) doing nothing (`noop`). Three
+MCP clients of the official SDK stay connected for the whole run: one to the upstream, one
+to a `manage.py mcp_gateway` where noop is consequential (every call a new receipt: intent,
+submitted, succeeded with its result), one to a gateway where noop passes through. The
+calls are interleaved in rounds, so machine noise hits every side alike. Prints the ratio
+and the milliseconds the receipt adds, per call (medians).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    BENCH_DATABASE,
+    ROOT,
+    Stopwatch,
+    ms,
+    parse_args,
+    print_table,
+    record,
+    setup_django,
+)
+
+UPSTREAM = [sys.executable, str(ROOT / "tests" / "api" / "gateway_upstream.py")]
+
+
+def config(directory: Path, name: str, consequential: bool) -> Path:
+    path = directory / f"{name}.toml"
+    tool = """
+[tools.noop]
+mode = "consequential"
+operation = "bench.noop"
+timeout = 30
+""" if consequential else ""
+    path.write_text(f"""
+[gateway]
+name = "{name}"
+
+[upstream]
+command = {json.dumps(UPSTREAM)}
+env = {{ UPSTREAM_STATE = {json.dumps(str(directory / "state.json"))} }}
+{tool}""")
+    return path
+
+
+def main() -> dict:
+    args = parse_args(__doc__.splitlines()[0])
+    setup_django()
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from ledger import agent_keys
+    from ledger.management.commands.agent_key import ShellOperator
+
+    rounds = 150 if args.scale == "quick" else 1000
+    run = uuid.uuid4().hex[:10]
+    name = f"bench-p9-{run}"
+    _, secret = agent_keys.create(name, tenants=["default"], user=ShellOperator())
+    env = {**os.environ, "LEDGER_AGENT_KEY": secret, "LEDGER_DATABASE_NAME": BENCH_DATABASE}
+
+    def gateway(path: Path) -> Client:
+        return Client(StdioServerParameters(
+            command=sys.executable, args=["manage.py", "mcp_gateway", "--config", str(path)],
+            cwd=str(ROOT), env=env), cache=None)
+
+    watches = {side: Stopwatch(side) for side in ("direct", "receipt", "pass_through")}
+
+    async def measure(directory: Path) -> None:
+        direct = Client(StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:]),
+                        cache=None)
+        async with direct, gateway(config(directory, "receipt", True)) as receipt, \
+                gateway(config(directory, "pass", False)) as passing:
+            clients = {"direct": direct, "receipt": receipt, "pass_through": passing}
+            sides = list(clients)
+            for n in range(10):  # warm up every path (imports, prepared statements)
+                for side in sides:
+                    await clients[side].call_tool("noop", {"n": -1 - n})
+            for r in range(rounds):
+                for side in (sides if r % 2 == 0 else list(reversed(sides))):
+                    started = time.perf_counter()
+                    result = await clients[side].call_tool("noop", {"n": r})
+                    watches[side].samples.append(time.perf_counter() - started)
+                    if result.is_error:
+                        raise SystemExit(f"expected noop to succeed through {side}, found "
+                                         f"{result.content}")
+
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            anyio.run(measure, Path(directory))
+    finally:
+        agent_keys.revoke(name, user=ShellOperator())
+    direct, receipt, passing = (watches[s] for s in ("direct", "receipt", "pass_through"))
+    summary = {
+        "ratio": receipt.median / direct.median,
+        "added_ms": (receipt.median - direct.median) * 1000,
+        "pass_through_ratio": passing.median / direct.median,
+        "direct_median_ms": direct.median * 1000,
+        "receipt_median_ms": receipt.median * 1000,
+        "pass_through_median_ms": passing.median * 1000,
+        "receipt_p95_ms": receipt.percentile(0.95) * 1000,
+        "calls_per_side": rounds,
+    }
+    print_table(f"P9 MCP gateway ({rounds} calls per side, stdio, upstream does nothing)", [
+        ("straight to the upstream", ms(direct.median)),
+        ("through the gateway, pass-through", ms(passing.median)),
+        ("through the gateway, with a receipt", ms(receipt.median)),
+        ("receipt p95", ms(receipt.percentile(0.95))),
+        ("ratio (receipt / direct)", f"{summary['ratio']:.2f}x"),
+        ("added per call", f"{summary['added_ms']:.2f} ms"),
+        ("pass-through ratio", f"{summary['pass_through_ratio']:.2f}x"),
+    ])
+    record("P9", summary)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

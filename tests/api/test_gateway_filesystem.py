@@ -1,0 +1,111 @@
+"""The gateway in front of a real third-party MCP server: the official filesystem server
+(`@modelcontextprotocol/server-filesystem`, npm, installed once into .local/npm/gateway),
+`write_file` consequential, `read_file` its reconciler, behind the fault proxy. Skipped only
+when node is not installed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from ledger.models import Operation
+from tests.api.test_gateway import PROXY, reconcile_once, through_gateway
+from tests.support.processes import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PACKAGE = "@modelcontextprotocol/server-filesystem@2026.8.31"
+CACHE = ROOT / ".local" / "npm" / "gateway"
+SERVER = CACHE / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / \
+    "index.js"
+
+
+@pytest.fixture(scope="module")
+def filesystem_server() -> list[str]:
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are not installed")
+    if not SERVER.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix",
+                               str(CACHE), PACKAGE], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return [node, str(SERVER)]
+
+
+def write_config(tmp_path: Path, command: list[str], plan: dict) -> Path:
+    path = tmp_path / "files.toml"
+    path.write_text(f"""
+[gateway]
+name = "files"
+
+[upstream]
+command = {json.dumps([*PROXY, *command])}
+env = {{ FAULT_PLAN = {json.dumps(json.dumps(plan))} }}
+
+[tools.write_file]
+mode = "consequential"
+operation = "files.write"
+keep = ["path", "content"]
+external_id_template = "{{path}}"
+timeout = 5
+in_flight = 1
+
+[tools.write_file.reconcile]
+tool = "read_file"
+arguments = {{ path = "{{path}}" }}
+found = {{ path = "content", equals = "{{content}}" }}
+absent = {{ is_error = true, text_matches = "ENOENT|no such file" }}
+external_id_template = "{{path}}"
+""")
+    return path
+
+
+def test_write_file_once_per_call_and_read_file_settles_the_unknown(
+        make_key, tmp_path, filesystem_server):
+    secret = make_key("files-bot")
+    files = (tmp_path / "files").resolve()
+    files.mkdir()
+    config = write_config(tmp_path, [*filesystem_server, str(files)],
+                          {"tool": "write_file", "drop_reply": [2], "drop_request": [3]})
+    a, b, c = (str(files / name) for name in ("a.txt", "b.txt", "c.txt"))
+
+    async def session():
+        async with through_gateway(config, secret) as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+            assert {"write_file", "read_file", "edit_file"} <= tools
+
+            wrote = await client.call_tool("write_file", {"path": a, "content": "hello"})
+            assert not wrote.is_error, wrote.content
+            Path(a).write_text("changed by someone else")
+            again = await client.call_tool("write_file", {"path": a, "content": "hello"})
+            assert again.content[0].text == wrote.content[0].text
+            assert Path(a).read_text() == "changed by someone else"  # not written twice
+
+            lost_reply = await client.call_tool("write_file", {"path": b, "content": "two"})
+            assert lost_reply.is_error and "not known yet" in lost_reply.content[0].text
+            lost_request = await client.call_tool("write_file",
+                                                  {"path": c, "content": "three"})
+            assert lost_request.is_error and "not known yet" in lost_request.content[0].text
+            retried = await client.call_tool("write_file", {"path": c, "content": "three"})
+            assert retried.is_error and "Do not retry" in retried.content[0].text
+
+            read = await client.call_tool("read_file", {"path": b})  # passes through
+            assert read.structured_content == {"content": "two"}
+
+    anyio.run(session)
+    assert Path(b).read_text() == "two" and not Path(c).exists()
+    time.sleep(1.2)  # past the in-flight window of the lost request
+    out = reconcile_once(config)
+    assert "found -> succeeded" in out and "proven_absent -> safe_to_retry" in out, out
+    ops = {op.intent["arguments"]["path"]: op for op in Operation.objects.all()}
+    assert {Path(p).name: (op.state, op.external_id) for p, op in ops.items()} == {
+        "a.txt": ("succeeded", a), "b.txt": ("succeeded", b), "c.txt": ("safe_to_retry", "")}
+    assert ops[b].events.get(to_state="succeeded").actor_kind == "reconciler"
