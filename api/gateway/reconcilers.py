@@ -89,6 +89,11 @@ class ReadToolReconciler(reconcile.Reconciler):
             observed, reason=f"no rule of [tools.{self.tool.name}.reconcile] matched the "
             f"result of {self.read.tool}", query=query)
 
+    def reread(self, op):
+        """After a retry succeeded: the same read. A read tool shows whether the effect is
+        there, not how many copies of it exist, so Found counts as the one recorded."""
+        return self.lookup(op)
+
     async def _call(self, arguments: dict[str, Any]) -> types.CallToolResult:
         # One scope around the whole connection, so the client's own task groups nest in it.
         with anyio.fail_after(self.config.upstream.connect_timeout + self.read.timeout):

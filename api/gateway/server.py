@@ -193,12 +193,13 @@ class Gateway:
 
     async def _list_tools(self, ctx, params):
         client = await self._upstream()
-        return await self._guard(client, client.session.list_tools(params=params))
+        return await self._guard(client, client.session.list_tools(params=_page(params)))
 
     def _forward(self, method: str):
         async def handler(ctx, params):
             client = await self._upstream()
-            return await self._guard(client, getattr(client.session, method)(params=params))
+            return await self._guard(client, getattr(client.session, method)(
+                params=_page(params)))
         return handler
 
     async def _read_resource(self, ctx, params):
@@ -512,6 +513,13 @@ class Gateway:
                 f"Abandoned: a person decided operation {op.operation} ({op.operation_id}) "
                 "must not happen. It is not sent; do not retry.")
         return tool_error(_unknown_text(op, op.error_code or op.state))
+
+
+def _page(params) -> types.PaginatedRequestParams | None:
+    """The cursor of a client's list request, without its `_meta`: the upstream session
+    stamps its own (the two connections may speak different protocol eras)."""
+    cursor = getattr(params, "cursor", None)
+    return types.PaginatedRequestParams(cursor=cursor) if cursor else None
 
 
 def _unknown_text(op: Operation, why: str) -> str:
