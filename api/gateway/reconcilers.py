@@ -53,6 +53,9 @@ def reconciler_class(config: cfg.Config, tool: cfg.Tool) -> type[reconcile.Recon
 
 
 class ReadToolReconciler(reconcile.Reconciler):
+    # An MCP tool's result carries no idempotency key: what is found is matched on the
+    # stored arguments.
+    service_has_keys = False
     config: cfg.Config
     tool: cfg.Tool
     read: cfg.Reconcile
