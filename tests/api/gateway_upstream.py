@@ -10,6 +10,7 @@ Tools:
   {"status": "absent", "invoice": null}.
 - noop(n): does nothing (the benchmark).
 A resource (invoices://count) and a prompt (summary) show non-tool requests passing through.
+`--http PORT` serves it over Streamable HTTP instead of stdio.
 
 UPSTREAM_BEHAVIOUR changes what create_invoice answers, after the effect is committed:
 "lie" (a structured result that breaks the output schema it declares), "no_id" (a result
@@ -145,5 +146,16 @@ async def main() -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
+def main_http(port: int) -> None:
+    """The same server over Streamable HTTP at http://127.0.0.1:PORT/mcp."""
+    import uvicorn
+
+    uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=port,
+                log_level="warning")
+
+
 if __name__ == "__main__":
-    sys.exit(anyio.run(main))
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        main_http(int(sys.argv[2]))
+    else:
+        sys.exit(anyio.run(main))

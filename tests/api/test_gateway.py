@@ -344,6 +344,50 @@ def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_pa
         log.close()
 
 
+def wait_for_port(port: int, proc: subprocess.Popen, log) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise AssertionError(f"expected a server on {port}, found none:\n"
+                                     f"{log.read()}") from None
+            time.sleep(0.2)
+
+
+def test_an_upstream_over_streamable_http(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    port = _free_port()
+    log = open(tmp_path / "upstream.log", "w+")  # noqa: SIM115
+    upstream = subprocess.Popen(
+        [*UPSTREAM, "--http", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "UPSTREAM_STATE": str(tmp_path / "upstream-state.json")})
+    try:
+        wait_for_port(port, upstream, log)
+        config = write_config(tmp_path)
+        config.write_text(config.read_text().replace(
+            "command = ", f'url = "http://127.0.0.1:{port}/mcp"\n# command = ').replace(
+            "env = ", "# env = "))
+
+        async def main():
+            async with through_gateway(config, secret) as client:
+                done = await client.call_tool("create_invoice", invoice("u-1"))
+                assert not done.is_error, done.content
+                again = await client.call_tool("create_invoice", invoice("u-1"))
+                assert again.structured_content == done.structured_content
+
+        anyio.run(main)
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=20)
+        log.close()
+    assert [i["reference"] for i in invoices(tmp_path)] == ["u-1"]
+    assert Operation.objects.get().state == "succeeded"
+
+
 # --- refusals at start -------------------------------------------------------------------
 
 
