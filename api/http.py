@@ -42,6 +42,7 @@ from api.schemas import (
     SubmittedIn,
     SucceededIn,
 )
+from ledger import tracing
 from ledger.errors import LedgerError
 
 logger = logging.getLogger("ledger.api")
@@ -179,8 +180,10 @@ def record_intent(request, body: RecordIntentIn):
     With `submit: true` the operation is also marked submitted when it is planned or
     safe_to_retry, in the same request: `submitted_now` true means send now, false means
     do not (its state says why). A refusal of the submission is its problem (409), with
-    the recorded operation as `operation`."""
-    data, created = service.record_intent(request.auth, **body.dict())
+    the recorded operation as `operation`. A W3C `traceparent` header links a new
+    operation to the caller's trace (`trace_id`, `span_id`)."""
+    trace = tracing.from_traceparent(request.headers.get("traceparent"))
+    data, created = service.record_intent(request.auth, **body.dict(), trace=trace)
     data.setdefault("submitted_now", False)
     return Status(201 if created else 200, data)
 

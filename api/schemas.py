@@ -141,6 +141,9 @@ class OperationOut(Schema):
     completed_at: str | None
     result: Any = None
     result_unstorable: str = ""
+    trace_id: str = Field(default="", description="The OpenTelemetry trace it was recorded "
+                          "in (from the request's traceparent), or empty.")
+    span_id: str = ""
 
 
 class RecordedOut(OperationOut):

@@ -185,6 +185,7 @@ def record_intent(
     submit: bool = False,
     fencing_token: int | None = None,
     in_flight_seconds: float | None = None,
+    trace: tuple[str, str] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
     operation, whatever its state (do not send again).
@@ -206,6 +207,7 @@ def record_intent(
         operation, target, intent, tenant=tenant_for(key, tenant), run=run_obj, step=step,
         idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
         redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
+        trace=trace,
     )
     recorded_now = op.recorded_now
     if not submit:
@@ -495,6 +497,8 @@ def operation_dict(op: Operation) -> dict[str, Any]:
         "completed_at": _iso(op.completed_at),
         "result": op.result,
         "result_unstorable": op.result_unstorable,
+        "trace_id": op.trace_id,
+        "span_id": op.span_id,
     }
 
 

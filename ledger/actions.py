@@ -35,7 +35,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from ledger import receipts, runs, transitions
+from ledger import receipts, runs, tracing, transitions
 from ledger.canonical import scrub_text
 from ledger.errors import (
     InvalidInput,
@@ -246,16 +246,20 @@ def action(
 
             @functools.wraps(fn)
             async def async_wrapper(*args, **kwargs):
-                op = await aprepare(args, kwargs)
-                send, stored = await astart(op)
-                if not send:
-                    return stored
-                try:
-                    value = await fn(*args, **kwargs)
-                except BaseException as exc:
-                    await afailed(op, exc)
-                    raise
-                return await afinish(op, value)
+                with tracing.action_span(operation) as span:
+                    op = await aprepare(args, kwargs)
+                    try:
+                        send, stored = await astart(op)
+                        if not send:
+                            return stored
+                        try:
+                            value = await fn(*args, **kwargs)
+                        except BaseException as exc:
+                            await afailed(op, exc)
+                            raise
+                        return await afinish(op, value)
+                    finally:
+                        span.record(op)
 
             async_wrapper.operation_name = operation
             async_wrapper.receipt = sync_to_async(receipt, thread_sensitive=True)
@@ -263,16 +267,20 @@ def action(
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            op = prepare(args, kwargs)
-            send, stored = start(op)
-            if not send:
-                return stored
-            try:
-                value = fn(*args, **kwargs)
-            except BaseException as exc:
-                failed(op, exc)
-                raise
-            return finish(op, value)
+            with tracing.action_span(operation) as span:
+                op = prepare(args, kwargs)
+                try:
+                    send, stored = start(op)
+                    if not send:
+                        return stored
+                    try:
+                        value = fn(*args, **kwargs)
+                    except BaseException as exc:
+                        failed(op, exc)
+                        raise
+                    return finish(op, value)
+                finally:
+                    span.record(op)
 
         wrapper.operation_name = operation
         wrapper.receipt = receipt

@@ -69,6 +69,12 @@ SETTINGS: dict[str, Setting] = {
         "http://127.0.0.1:8000", "http(s) URL",
         "Where the review desk is served; notifications link to its pages from here.",
     ),
+    "TRACE_URL": Setting(
+        "", "http(s) URL template naming {trace_id} (or empty)",
+        "Where the desk links an operation recorded inside an OpenTelemetry trace, e.g. "
+        "Jaeger's http://jaeger:16686/trace/{trace_id}, Tempo's or Langfuse's trace page; "
+        "{span_id} may be named too. Empty: no link.",
+    ),
     "WEBHOOK_SECRETS": Setting(
         {}, "mapping of names to secrets",
         "HMAC secrets of webhook channels by name (a channel stores only the name); "
@@ -130,6 +136,10 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
     elif setting.kind == "http(s) URL":
         if isinstance(value, str) and value.startswith(("http://", "https://")):
             return None
+    elif setting.kind.startswith("http(s) URL template"):
+        if value == "" or (isinstance(value, str) and value.startswith(("http://", "https://"))
+                           and "{trace_id}" in value and _formats(value)):
+            return None
     elif setting.kind == "boolean":
         if isinstance(value, bool):
             return None
@@ -147,6 +157,14 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
             type(value).__name__)
         return f"expected LEDGER_{name} to be a {setting.kind}, found {value}"
     return f"expected LEDGER_{name} to be a {setting.kind}, found {value!r}"
+
+
+def _formats(template: str) -> bool:
+    try:
+        template.format(trace_id="0" * 32, span_id="0" * 16)
+    except (KeyError, IndexError, ValueError):
+        return False
+    return True
 
 
 def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import access, approvals, conf, rows, runs, states, transitions
+from ledger import access, approvals, conf, rows, runs, states, tracing, transitions
 from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.canonical import keep as keep_fields
 from ledger.errors import (
@@ -102,8 +102,13 @@ def record_intent(
     actor: str | None = None,
     call: str | None = None,
     keep: Iterable[str] | None = None,
+    trace: tuple[str, str] | None = None,
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
+
+    `trace`: the (trace id, span id) the operation belongs to, stored on a new operation
+    for the desk's trace link; by default those of the current OpenTelemetry span, if any
+    (`ledger.tracing`).
 
     The idempotency key: `idempotency_key` when given; else, with a run and a step, the key
     derived from them (`idempotency_key(run_id, step_id, call)`: a step re-run after a
@@ -157,6 +162,8 @@ def record_intent(
         idempotency_key = f"gen-{secrets.token_hex(16)}"
     check_identifier(idempotency_key, "idempotency_key", 200)
 
+    trace = tracing.check_ids(trace) or tracing.current_ids() or ("", "")
+
     # Each statement below stands alone (see transitions.single_statement): the look-up
     # spares a replay the insert, and the insert keeps the key unique by itself.
     with transitions.single_statement():
@@ -165,6 +172,8 @@ def record_intent(
             now = timezone.now()
             candidate = Operation(
                 operation_id=new_operation_id(now),
+                trace_id=trace[0],
+                span_id=trace[1],
                 tenant=tenant,
                 operation=operation,
                 target=target,

@@ -279,6 +279,10 @@ class Operation(models.Model):
     result = models.JSONField(null=True, blank=True)
     # db_default: rows written in SQL (bulk loaders, other services) need not name it.
     result_unstorable = models.CharField(max_length=300, blank=True, default="", db_default="")
+    # The OpenTelemetry trace and span the intent was recorded in (lowercase hex), if any:
+    # the desk links the receipt to its trace through LEDGER_TRACE_URL.
+    trace_id = models.CharField(max_length=32, blank=True, default="", db_default="")
+    span_id = models.CharField(max_length=16, blank=True, default="", db_default="")
 
     objects = OperationQuerySet.as_manager()
 
@@ -411,6 +415,17 @@ class Operation(models.Model):
 
     def __str__(self):
         return f"{self.operation_id} {self.operation} ({self.state})"
+
+    @property
+    def trace_url(self) -> str:
+        """The page of the trace this operation was recorded in (`LEDGER_TRACE_URL` filled
+        with its ids), or "" without a trace or a template."""
+        from ledger import conf
+
+        template = conf.TRACE_URL
+        if not (template and self.trace_id):
+            return ""
+        return template.format(trace_id=self.trace_id, span_id=self.span_id)
 
     @property
     def is_terminal(self) -> bool:

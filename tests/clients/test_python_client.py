@@ -591,3 +591,33 @@ def test_an_async_action_with_the_ledger_down_before_the_call_is_not_called(ledg
     with pytest.raises(LedgerUnavailable):
         asyncio.run(act("k"))
     assert calls.count == 0
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+
+def test_a_client_action_is_a_span_whose_trace_the_operation_stores(ledger, monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer", provider.get_tracer)
+
+    act = ledger.action("payments.charge", target="https://u:hunter2@psp.example",
+                        key=lambda card: card["id"])(Calls(result={"token": "sk-live-x"}))
+    act({"id": "c-1", "number": "4242424242424242"})
+    [span] = exporter.get_finished_spans()
+    [op] = ops()
+    assert span.name == "execute_tool payments.charge"
+    assert dict(span.attributes) == {
+        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "payments.charge",
+        "gen_ai.tool.call.id": op.operation_id, "ledger.operation_id": op.operation_id,
+        "ledger.state": "succeeded", "ledger.idempotency_key": "c-1"}
+    assert (op.trace_id, op.span_id) == (f"{span.context.trace_id:032x}",
+                                         f"{span.context.span_id:016x}")
+    text = repr(dict(span.attributes))
+    assert "hunter2" not in text and "4242" not in text and "sk-live" not in text

@@ -20,6 +20,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "FACT_MAX_FUTURE_SECONDS": 300,
         "RECONCILER_MODULES": (),
         "DESK_URL": "http://127.0.0.1:8000",
+        "TRACE_URL": "",
         "WEBHOOK_SECRETS": {},
         "WEBHOOK_ALLOW_PRIVATE": False,
         "NOTIFY_ITEMS_PER_MESSAGE": 20,

@@ -28,6 +28,7 @@ class Request:
     path: str
     json: Any = None
     params: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
 
 
 def _describe(request: Request) -> str:
@@ -94,7 +95,8 @@ class SyncTransport:
         for delay in (*CONNECT_DELAYS, None):
             try:
                 response = self.client.request(request.method, request.path,
-                                                json=request.json, params=request.params)
+                                                json=request.json, params=request.params,
+                                                headers=request.headers)
             except httpx.ConnectError as exc:
                 if delay is None:
                     raise unavailable(request, self.url, exc) from None
@@ -132,7 +134,8 @@ class AsyncTransport:
         for delay in (*CONNECT_DELAYS, None):
             try:
                 response = await client.request(request.method, request.path,
-                                                 json=request.json, params=request.params)
+                                                 json=request.json, params=request.params,
+                                                 headers=request.headers)
             except httpx.ConnectError as exc:
                 if delay is None:
                     raise unavailable(request, self.url, exc) from None

@@ -289,8 +289,10 @@ class Ledger:
 
     def _lifecycle(self, spec: _Spec, prepared: _Prepared, span):
         body = {**prepared.body, "submit": True}
+        ids = span.ids()  # the operation is linked to this span's trace
+        headers = {"traceparent": f"00-{ids[0]}-{ids[1]}-01"} if ids else None
         try:
-            data = yield Request("POST", OPERATIONS, body)
+            data = yield Request("POST", OPERATIONS, body, headers=headers)
         except errors.ApprovalRequired as exc:
             if spec.approval_timeout is None or exc.operation is None:
                 raise
