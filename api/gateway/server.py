@@ -130,12 +130,31 @@ class Gateway:
             tg.start_soon(self.link.run)
             try:
                 await self.link.started()
+                self._mirror_capabilities()
                 tools = await self.link.list_all_tools(self.config.upstream.connect_timeout)
                 cfg.check_against_tools(self.config,
                                         {t.name: t.input_schema for t in tools})
                 yield self
             finally:
                 tg.cancel_scope.cancel()
+
+    def _mirror_capabilities(self) -> None:
+        """Serve only what the upstream serves: the capabilities the gateway announces are
+        derived from its handlers, so those the upstream lacks are dropped (a client then
+        sees no resources, prompts or completions, as it would talking to the upstream)."""
+        client = self.link.current
+        capabilities = client.server_capabilities if client is not None else None
+        if capabilities is None:
+            return
+        lacking = {
+            "resources": ("resources/list", "resources/templates/list", "resources/read"),
+            "prompts": ("prompts/list", "prompts/get"),
+            "completions": ("completion/complete",),
+        }
+        for capability, methods in lacking.items():
+            if getattr(capabilities, capability, None) is None:
+                for method in methods:
+                    self.server._request_handlers.pop(method, None)
 
     async def serve_stdio(self) -> None:
         """Serve one client over this process's stdin/stdout (its session: this process)."""

@@ -125,6 +125,11 @@ class UpstreamLink:
         if self._failure is not None:
             raise self._failure
 
+    @property
+    def current(self) -> Client | None:
+        """The open session, or None while there is none."""
+        return self._client
+
     async def client(self, timeout: float) -> Client:
         """The open session, waiting up to `timeout` seconds for a reconnection."""
         with anyio.move_on_after(timeout):

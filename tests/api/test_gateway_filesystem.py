@@ -79,6 +79,9 @@ def test_write_file_once_per_call_and_read_file_settles_the_unknown(
 
     async def session():
         async with through_gateway(config, secret) as client:
+            # The filesystem server has no prompts: neither has the gateway in front of it.
+            assert client.server_capabilities.prompts is None
+            assert client.server_capabilities.tools is not None
             tools = {t.name for t in (await client.list_tools()).tools}
             assert {"write_file", "read_file", "edit_file"} <= tools
 
