@@ -404,7 +404,8 @@ def _outcome(op, to_state, error_code, detail, fencing_token, **kwargs) -> Opera
     error_code = scrub_text(check_identifier(error_code, "error_code", 200))
     detail = scrub_text(storable_text(detail, "detail", 4000))
     return transitions.by_agent(
-        op, to_state, fencing_token=fencing_token, reason=f"{error_code}: {detail}"[:2000],
+        op, to_state, fencing_token=fencing_token,
+        reason=(f"{error_code}: {detail}" if detail else error_code)[:2000],
         changes={"error_code": error_code, "error_detail": detail}, **kwargs,
     )
 
@@ -515,8 +516,8 @@ def resolve(
         raise transitions.stale_version_error(op, op.state, expected_version)
     if op.state not in states.NEEDS_REVIEW:
         raise IllegalTransition(
-            f"expected operation {op.operation_id} in one of {sorted(states.NEEDS_REVIEW)} to "
-            f"resolve it, found {op.state}",
+            f"expected operation {op.operation_id} in one of "
+            f"{states.listed(states.NEEDS_REVIEW)} to resolve it, found {op.state}",
             from_state=op.state,
             to_state=to_state,
         )
@@ -610,7 +611,7 @@ def acknowledge(
         if current.state not in states.TERMINAL or not current.conflict:
             raise IllegalTransition(
                 f"expected operation {op.operation_id} terminal "
-                f"({', '.join(sorted(states.TERMINAL))}) with a conflict flag to acknowledge, "
+                f"({states.listed(states.TERMINAL)}) with a conflict flag to acknowledge, "
                 f"found {current.state} with "
                 + (f"flag {current.conflict}" if current.conflict else "no flag"),
                 from_state=current.state, to_state=current.state,

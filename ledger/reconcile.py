@@ -45,7 +45,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import conf, leases, rows, transitions
+from ledger import conf, durations, leases, rows, transitions
 from ledger.canonical import redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
 from ledger.inputs import (
@@ -695,7 +695,8 @@ def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
 
 
 def _why_gone(op: Operation, older_than: timedelta) -> str:
-    age = f"submitted at {op.submitted_at.isoformat()}, more than {older_than} ago"
+    age = (f"submitted at {op.submitted_at.isoformat()}, more than "
+           f"{durations.in_words(older_than)} ago")
     if op.run_name is None:
         return f"sender gone: {age}, and no run holds a lease for it"
     if op.lease_owner is None:

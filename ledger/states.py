@@ -111,6 +111,15 @@ def targets(from_state: str) -> list[str]:
     return sorted(TRANSITIONS.get(from_state, frozenset()))
 
 
+def listed(values, *, empty: str = "none") -> str:
+    """States as plain words for a message: "abandoned, reconciling" (sorted unless a
+    list or tuple gives the order), never their Python names ("State.ABANDONED")."""
+    words = [str(getattr(v, "value", v)) for v in values]
+    if not isinstance(values, (list, tuple)):
+        words.sort()
+    return ", ".join(words) or empty
+
+
 def resolutions_from(from_state: str) -> list[str]:
     """The decisions a person may take on an operation in `from_state`, in desk order."""
     return [to for to in RESOLUTIONS if (from_state, to) in HUMAN_ONLY]

@@ -162,7 +162,8 @@ def by_person(
     if not states.is_human_only(op.state, to_state):
         raise IllegalTransition(
             f"expected a decision on operation {op.operation_id} among "
-            f"{states.resolutions_from(op.state) or ['none']} from {op.state}, found "
+            f"{states.listed(states.resolutions_from(op.state), empty='none')} from "
+            f"{op.state}, found "
             f"{op.state} -> {to_state}",
             from_state=op.state,
             to_state=to_state,
@@ -191,7 +192,8 @@ def by_second_person(
     if not states.is_human_only(op.state, to_state) or proposal.to_state != to_state:
         raise IllegalTransition(
             f"expected the decision proposed on operation {op.operation_id} "
-            f"({proposal.to_state}) among {states.resolutions_from(op.state)}, found "
+            f"({proposal.to_state}) among {states.listed(states.resolutions_from(op.state))}, "
+            f"found "
             f"{op.state} -> {to_state}", from_state=op.state, to_state=to_state,
         )
     check_person(user, op, f"decide on operation {op.operation_id}")
@@ -452,7 +454,8 @@ def _apply(
     if not states.is_legal(from_state, to_state):
         raise IllegalTransition(
             f"illegal transition of operation {op.operation_id}: expected {from_state} -> one "
-            f"of {states.targets(from_state) or ['none (terminal)']}, found {from_state} -> "
+            f"of {states.listed(states.targets(from_state), empty='none (terminal)')}, found "
+            f"{from_state} -> "
             f"{to_state}",
             from_state=from_state,
             to_state=to_state,
@@ -544,7 +547,7 @@ def _apply_flag(
         )
     if op.state not in states.TERMINAL:
         raise IllegalTransition(
-            f"expected a terminal operation ({', '.join(sorted(states.TERMINAL))}) to change "
+            f"expected a terminal operation ({states.listed(states.TERMINAL)}) to change "
             f"the conflict flag of, found operation {op.operation_id} {op.state}",
             from_state=op.state, to_state=op.state,
         )

@@ -48,6 +48,9 @@ def test_receipt_lifecycle_is_recorded_with_the_keys_agent_as_actor(make_key, cl
     assert op["intent_fingerprint"].startswith("sha256:")
 
     url = f"/api/v1/operations/{op['operation_id']}"
+    early = agent.post(f"{url}/succeeded", json={"external_id": "msg-0"})
+    detail = assert_problem(early, 409, detail_has="one of abandoned, submitted")["detail"]
+    assert "State." not in detail
     submitted = agent.post(f"{url}/submitted", json={"expected_version": 1})
     assert submitted.status_code == 200 and submitted.json()["state"] == "submitted"
     succeeded = agent.post(f"{url}/succeeded",
