@@ -100,6 +100,8 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_claim": {
         DESK: "INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, expires_at), DELETE",
     },
+    # the desk: a person's saved queue filters, replaced or deleted by their owner
+    "ledger_savedview": {DESK: "INSERT, UPDATE (owner_name, filters, updated_at), DELETE"},
     # execution state: their triggers allow each row's one-way moves only
     "ledger_fact": {
         AGENT: "INSERT, UPDATE (status, superseded_by_id)",

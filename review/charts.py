@@ -16,13 +16,15 @@ from ledger.selectors.charts import (
     UnknownOutcomeRates,
 )
 
-WIDTH = 640
-LABEL_WIDTH = 150  # room for the row labels on the left
-VALUE_WIDTH = 110  # room for the figures on the right
+# Narrow on purpose: the SVG scales to its column (at most 480 px wide, desk.css), and at
+# a phone's 360 px a 420-unit viewBox keeps 13-unit labels above 11 px.
+WIDTH = 420
+LABEL_WIDTH = 120  # room for the row labels on the left
+VALUE_WIDTH = 120  # room for the figures on the right
 ROW_HEIGHT = 26
 BAR_HEIGHT = 16
 TOP = 8
-NAME_CHARS = 22  # an operation name longer than this is shortened (the full one in <title>)
+NAME_CHARS = 15  # an operation name longer than this is shortened (the full one in <title>)
 
 
 @dataclass

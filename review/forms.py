@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, time, timedelta
 
 from django import forms
@@ -196,3 +197,26 @@ class BulkDecisionForm(forms.Form):
         if not data.get("all_matching") and not data.get("items"):
             raise forms.ValidationError("Tick at least one operation, or all matching.")
         return data
+
+
+def labelled(message: str, form: forms.Form) -> str:
+    """A ledger refusal as people read it on `form`: each argument name the message uses
+    (`purge_after_days`) becomes the label of its field ("Purge after (days)")."""
+    text = str(message)
+    for name in sorted(form.fields, key=len, reverse=True):
+        label = form.fields[name].label or name.replace("_", " ").capitalize()
+        text = re.sub(rf"\b{re.escape(name)}\b", f"“{label}”", text)
+    return text
+
+
+def form_errors(form: forms.Form) -> str:
+    """Every error of `form`, each after its field's label ("Stuck after (minutes): ...")
+    unless the error already begins with it."""
+    parts = []
+    for name, errors_ in form.errors.items():
+        label = "" if name == "__all__" else (
+            form.fields[name].label or name.replace("_", " ").capitalize())
+        for error in errors_:
+            named = not label or str(error).startswith(label.split(" (")[0])
+            parts.append(str(error) if named else f"{label}: {error}")
+    return " ".join(parts)

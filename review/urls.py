@@ -8,6 +8,7 @@ from review import (
     views_execution,
     views_notifications,
     views_retention,
+    views_saved,
 )
 
 app_name = "review"
@@ -15,6 +16,7 @@ app_name = "review"
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("live/", views.queue_live, name="queue_live"),
+    path("next/", views.queue_next, name="queue_next"),
     path("overview/", views_charts.overview, name="overview"),
     path("bulk/", views.bulk_resolve, name="bulk_resolve"),
     path("operations/<str:operation_id>/", views.operation_detail, name="operation"),
@@ -68,4 +70,11 @@ urlpatterns += [
          name="notification_active"),
     path("notifications/deliveries/", views_notifications.deliveries,
          name="notification_deliveries"),
+]
+
+# Saved views of the queue (review/views_saved.py).
+urlpatterns += [
+    path("views/", views_saved.saved_views_page, name="saved_views"),
+    path("views/save/", views_saved.save_view, name="save_view"),
+    path("views/<int:view_id>/delete/", views_saved.delete_view, name="delete_view"),
 ]

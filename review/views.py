@@ -14,13 +14,13 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
-from django.http import StreamingHttpResponse
+from django.http import QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from ledger import bulk, errors, receipts, selectors
+from ledger import bulk, errors, receipts, saved_views, selectors, states
 from ledger.states import State
 from review.forms import (
     ACTION_LABELS,
@@ -66,7 +66,36 @@ def queue(request):
     context["bulk_filters"] = [(name, request.GET[name]) for name in BULK_FILTER_FIELDS
                                if request.GET.get(name)]
     context["bulk_actions"] = [(state, ACTION_LABELS[state]) for state in ACTION_LABELS]
+    context.update(view_context(request.GET))
     return _render(request, "review/queue.html", "results", context)
+
+
+def view_context(params) -> dict:
+    """The queue filter a page was reached with (`view_params`, a QueryDict of
+    saved_views.FILTER_NAMES) and the same as a URL suffix (`view_suffix`, "" or
+    "?state=..."): the operation page carries it to "Next item" and back to the queue."""
+    view = QueryDict(mutable=True)
+    for name in saved_views.FILTER_NAMES:
+        if params.get(name):
+            view[name] = params[name]
+    return {"view_params": view, "view_suffix": f"?{view.urlencode()}" if view else ""}
+
+
+@require_GET
+@view_required
+@ledger_errors
+def queue_next(request):
+    """The next item of the queue under the filter carried in the query (after `after`,
+    the one just decided): its page, keeping the filter; the queue itself, with a note,
+    when nothing is left."""
+    form = QueueFilterForm(request.GET)
+    after = request.GET.get("after", "")[:40]
+    view = view_context(request.GET)
+    next_id = selectors.queue_next(request.user, form.filters(), after=after)
+    if next_id is None:
+        messages.info(request, "Nothing else waits in this view.")
+        return redirect(reverse("review:queue") + view["view_suffix"])
+    return redirect(reverse("review:operation", args=[next_id]) + view["view_suffix"])
 
 
 def poll_seconds() -> float:
@@ -147,7 +176,8 @@ def operation_detail(request, operation_id: str):
 
 
 def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
-            ack_form: AcknowledgeForm | None = None, status: int = 200, approval_form=None):
+            ack_form: AcknowledgeForm | None = None, status: int = 200, approval_form=None,
+            just_decided: bool = False):
     detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
     if form is None:
@@ -165,6 +195,13 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "approval_actions": DECISION_LABELS,
         # The two-person rule of receipts.resolve: every proposal, and the pending one.
         "proposals": list(op.proposals.order_by("created_at", "id")),
+        # A decision was just recorded: "Next item" takes the focus.
+        "just_decided": just_decided,
+        # Safe to retry is legal but not this reviewer's to take: say why (the policy).
+        "retry_needs_admin": bool(detail.resolutions)
+        and State.SAFE_TO_RETRY in states.resolutions_from(op.state)
+        and State.SAFE_TO_RETRY not in detail.resolutions,
+        **view_context(request.GET),
     }
     context["proposal"] = next((p for p in reversed(context["proposals"])
                                 if p.version == op.version and op.needs_review), None)
@@ -191,6 +228,7 @@ def resolve(request, operation_id: str):
         return _detail(request, operation_id, form=form, status=422)
     to_state = form.cleaned_data["to_state"]
     version = form.cleaned_data["version"]
+    decided = False
     try:
         receipts.resolve(
             op, to_state, user=request.user, reason=form.cleaned_data["reason"],
@@ -203,6 +241,7 @@ def resolve(request, operation_id: str):
     except (errors.IllegalTransition, errors.InvalidInput, errors.SecondPersonRequired) as exc:
         messages.error(request, f"Nothing recorded: {exc}")
     else:
+        decided = True
         if op.version == version:  # the first of two people: a proposal
             messages.info(
                 request, f"Proposed: {ACTION_LABELS[to_state]} on {op.operation_id}; it takes "
@@ -213,8 +252,8 @@ def resolve(request, operation_id: str):
                 request, f"Recorded: {ACTION_LABELS[to_state]} on {op.operation_id}."
             )
     if request.htmx:
-        return _detail(request, operation_id)
-    return redirect(operation_url(op))
+        return _detail(request, operation_id, just_decided=decided)
+    return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
 
 
 @require_POST
@@ -237,9 +276,11 @@ def acknowledge(request, operation_id: str):
     else:
         messages.success(request, f"Recorded: conflict acknowledged on {op.operation_id}; "
                                   "it has left the queue.")
+        if request.htmx:
+            return _detail(request, operation_id, just_decided=True)
     if request.htmx:
         return _detail(request, operation_id)
-    return redirect(operation_url(op))
+    return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
 
 
 def stale_message(exc: errors.StaleVersion) -> str:

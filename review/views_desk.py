@@ -8,9 +8,10 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import permission_required
 from django.shortcuts import redirect
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from ledger import claims, errors, selectors
+from ledger import claims, durations, errors, selectors
 from review.http import ledger_errors
 from review.templatetags.desk import operation_url
 from review.views import _detail
@@ -25,6 +26,11 @@ class NoteForm(forms.Form):
                                                               "next person"}),
         error_messages={"required": "A note needs some text."},
     )
+
+
+def _left(until) -> str:
+    """How long until `until`, in words (relative, like every other time on the desk)."""
+    return durations.in_words(until - timezone.now(), units=1)
 
 
 def _answer(request, op):
@@ -43,11 +49,11 @@ def claim(request, operation_id: str):
     try:
         held = claims.claim(op, user=request.user)
     except errors.ClaimHeld as exc:
-        messages.warning(request, f"Not claimed: {exc.holder} is looking at this "
-                                  f"until {exc.expires_at:%H:%M:%S} UTC.")
+        messages.warning(request, f"Not claimed: {exc.holder} is looking at this; the "
+                                  f"claim expires in {_left(exc.expires_at)}.")
     else:
-        messages.success(request, f"Claimed until {held.expires_at:%H:%M:%S} UTC; others "
-                                  "see you are looking at this.")
+        messages.success(request, f"Claimed for {_left(held.expires_at)}; others see you "
+                                  "are looking at this.")
     return _answer(request, op)
 
 

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from ledger import errors, notifications
 from ledger.selectors.notifications import access_channel, delivery_page, notification_channels
+from review.forms import form_errors, labelled
 from review.forms_notifications import ChannelForm
 from review.http import ledger_errors
 from review.views import _render
@@ -45,15 +46,13 @@ def _page(request, *, form: ChannelForm | None = None, status: int = 200):
 def add_channel(request):
     form = ChannelForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Nothing written: " + " ".join(
-            f"{form.fields[name].label or name}: {error}" if name != "__all__" else error
-            for name, errors_ in form.errors.items() for error in errors_))
+        messages.error(request, "Nothing written: " + form_errors(form))
         return _page(request, form=form, status=422)
     values = form.channel_values()
     try:
         channel = notifications.create_channel(values.pop("name"), user=request.user, **values)
     except errors.InvalidInput as exc:
-        messages.error(request, f"Nothing written: {exc}")
+        messages.error(request, f"Nothing written: {labelled(exc, form)}")
         return _page(request, form=form, status=422)
     messages.success(request, f"Channel {channel} created.")
     return _done(request)

@@ -14,6 +14,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_GET, require_POST
 
 from ledger import errors, retention, selectors
+from review.forms import form_errors, labelled
 from review.forms_retention import NewPolicyForm, PolicyDaysForm
 from review.http import ledger_errors
 from review.templatetags.desk_retention import policy_days
@@ -77,8 +78,7 @@ def _set(request, form, *, pattern: str | None, tenant: str | None, edit_pk: int
     """Call `retention.set_policy` with the form's values; show the form again on error."""
     failed = {"new_form": form} if edit_pk is None else {"edit_form": form, "edit_pk": edit_pk}
     if not form.is_valid():
-        messages.error(request, "Nothing written: " + " ".join(
-            error for errors_ in form.errors.values() for error in errors_))
+        messages.error(request, "Nothing written: " + form_errors(form))
         return _page(request, status=422, **failed)
     values = form.policy_values()
     if pattern is not None:
@@ -87,7 +87,7 @@ def _set(request, form, *, pattern: str | None, tenant: str | None, edit_pk: int
         policy = retention.set_policy(values.pop("pattern"), tenant=values.pop("tenant"),
                                       user=request.user, **values)
     except errors.InvalidInput as exc:
-        messages.error(request, f"Nothing written: {exc}")
+        messages.error(request, f"Nothing written: {labelled(exc, form)}")
         return _page(request, status=422, **failed)
     messages.success(request, f"Policy {policy}: {policy_days(policy.as_audit_dict())}.")
     return _done(request)

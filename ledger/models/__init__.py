@@ -16,7 +16,7 @@ from ledger.models.coordination import (
     TenantAccess,
     TenantAccessChange,
 )
-from ledger.models.desk import Claim, OperationNote
+from ledger.models.desk import Claim, OperationNote, SavedView
 from ledger.models.execution import (
     ConflictState,
     Episode,
@@ -74,6 +74,7 @@ __all__ = [
     "Operation",
     "OperationEvent",
     "OperationNote",
+    "SavedView",
     "PurgeRun",
     "Redaction",
     "ResolutionProposal",

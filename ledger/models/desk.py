@@ -57,3 +57,30 @@ class OperationNote(models.Model):
 
     def __str__(self):
         return f"note on {self.operation_id} by {self.author_name}"
+
+
+class SavedView(models.Model):
+    """A named filter set of the review queue ("payments stuck > 1 h"), saved by one
+    person and shared with everyone who may see its tenant. `filters` holds the queue's
+    filter parameters (`ledger.saved_views.FILTER_NAMES`) as text, exactly as the queue's
+    URL carries them. Saving the same name again in the same tenant replaces one's own."""
+
+    tenant = models.CharField(max_length=100)
+    name = models.CharField(max_length=100)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="+")
+    owner_name = models.CharField(max_length=150)
+    filters = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "owner", "name"],
+                                    name="saved_view_name_unique"),
+            models.CheckConstraint(condition=~models.Q(name=""), name="saved_view_named"),
+        ]
+        indexes = [models.Index(fields=["tenant", "name"], name="saved_view_tenant_idx")]
+
+    def __str__(self):
+        return f"{self.name} ({self.tenant}, by {self.owner_name})"

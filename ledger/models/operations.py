@@ -2,6 +2,7 @@
 
 import pgtrigger
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
@@ -322,6 +323,14 @@ class Operation(models.Model):
                 name="operation_fingerprint_idx",
             ),
             models.Index(fields=["external_id"], name="operation_external_id_idx"),
+            # The desk's search by any fragment of an id, key or external id (LIKE
+            # '%fragment%', pg_trgm): ledger.selectors.operations._search.
+            GinIndex(fields=["operation_id"], opclasses=["gin_trgm_ops"],
+                     name="operation_id_trgm_idx"),
+            GinIndex(fields=["idempotency_key"], opclasses=["gin_trgm_ops"],
+                     name="operation_key_trgm_idx"),
+            GinIndex(fields=["external_id"], opclasses=["gin_trgm_ops"],
+                     name="operation_external_trgm_idx"),
             models.Index(fields=["completed_at"], name="operation_completed_idx"),
             models.Index(fields=["state_changed_at", "id"], name="operation_conflict_idx",
                          condition=models.Q(conflict__gt="")),

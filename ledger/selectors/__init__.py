@@ -47,6 +47,7 @@ from ledger.selectors.operations import (
     CONFLICT_COUNT_CAP,
     CONFLICTING,
     QUEUE_STATES,
+    SEARCH_MIN_FRAGMENT,
     OperationDetail,
     QueueFilters,
     QueuePage,
@@ -56,6 +57,7 @@ from ledger.selectors.operations import (
     can_claim,
     duplicates_of,
     operation_detail,
+    queue_next,
     queue_pulse,
     queue_selection,
     queue_signature,
@@ -79,6 +81,7 @@ from ledger.selectors.runs import (
     run_records,
     visible_overdue,
 )
+from ledger.selectors.saved_views import access_saved_view, saved_views_for
 
 __all__ = [
     "CONFLICTING", "CONFLICT_COUNT_CAP", "EXECUTION_COUNT_CAP", "MAX_PAGE_SIZE",
@@ -95,4 +98,5 @@ __all__ = [
     "AWAITING_COUNT_CAP", "queue_selection", "ApprovalPanel", "approval_panel", "approval_policies",
     "awaiting_count", "awaiting_page", "visible_awaiting",
     "QueuePulse", "queue_pulse", "queue_signature",
+    "SEARCH_MIN_FRAGMENT", "queue_next", "access_saved_view", "saved_views_for",
 ]

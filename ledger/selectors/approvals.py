@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 
 from ledger import access
@@ -66,6 +67,14 @@ def gate(op: Operation) -> Gate:
     return Gate(*row)
 
 
+# The gate's `needed` of the operation joined as "ledger_operation" (visible_awaiting).
+_NEEDED = f"""(SELECT g.needed FROM ({gate_sql(op_id='"ledger_operation"."id"',
+                                             tenant='"ledger_operation"."tenant"',
+                                             operation='"ledger_operation"."operation"',
+                                             fingerprint='"ledger_operation"."intent_fingerprint"')
+                                    }) g)"""
+
+
 def visible_awaiting(user, *, tenant: str = ""):
     """Requests of planned operations the user may see that wait for a person (pending, or
     approved with approvals expired since), oldest first; each with `live_approvals`
@@ -77,13 +86,16 @@ def visible_awaiting(user, *, tenant: str = ""):
             .order_by().values("operation")
             .annotate(n=Count("decided_by", distinct=True)).values("n"))
     # An approved request whose approvals expired before the agent sent it waits again.
+    # `needed` is the gate's (the strictest matching policy, or the request's own ask),
+    # so the list and the operation's page say the same "1 of 2".
     qs = (visible(user, ApprovalRequest)
           .filter(operation__state=State.PLANNED)
           .select_related("operation", "operation__run", "operation__step")
-          .annotate(live_approvals=Coalesce(Subquery(live), 0))
+          .annotate(live_approvals=Coalesce(Subquery(live), 0),
+                    needed=RawSQL(_NEEDED, ()))
           .filter(Q(status=ApprovalRequest.Status.PENDING)
                   | Q(status=ApprovalRequest.Status.APPROVED,
-                      live_approvals__lt=F("approvals_needed")))
+                      live_approvals__lt=F("needed")))
           .order_by("requested_at", "id"))
     return qs.filter(tenant=tenant) if tenant else qs
 
@@ -114,6 +126,11 @@ class ApprovalPanel:
     @property
     def is_open(self) -> bool:
         return self.needed == 0 or self.have >= self.needed
+
+    @property
+    def pattern_list(self) -> list[str]:
+        """The policies asking, one pattern each (`patterns` joins them with ", ")."""
+        return [p for p in self.patterns.split(", ") if p]
 
     @property
     def proposer(self) -> Approval | None:

@@ -125,9 +125,23 @@ def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operati
     if filters.older_than is not None:
         qs = qs.filter(state_changed_at__lte=now - filters.older_than)
     if filters.search:
-        term = filters.search.strip()
-        qs = qs.filter(Q(operation_id=term) | Q(external_id=term) | Q(idempotency_key=term))
+        qs = qs.filter(_search(filters.search.strip()))
     return qs
+
+
+# A fragment this long or longer is searched inside ids, keys and external ids (trigram
+# GIN indexes: operation_id_trgm_idx, operation_key_trgm_idx, operation_external_trgm_idx);
+# a shorter one must be a whole value (pg_trgm cannot index fewer than three characters).
+SEARCH_MIN_FRAGMENT = 3
+
+
+def _search(term: str) -> Q:
+    """Operations whose id, idempotency key or external id contains `term` (or equals it,
+    for a term shorter than SEARCH_MIN_FRAGMENT). Case-sensitive, as the values are."""
+    if len(term) < SEARCH_MIN_FRAGMENT:
+        return Q(operation_id=term) | Q(external_id=term) | Q(idempotency_key=term)
+    return (Q(operation_id__contains=term) | Q(idempotency_key__contains=term)
+            | Q(external_id__contains=term))
 
 
 def _conflicting() -> Q:
@@ -192,6 +206,21 @@ def queue_selection(user, filters: QueueFilters, *, limit: int,
                    searching=bool(filters.search))
     return list(qs.order_by("state_changed_at", "id")
                 .values_list("operation_id", "version")[:limit])
+
+
+def queue_next(user, filters: QueueFilters, *, after: str = "",
+               now: datetime | None = None) -> str | None:
+    """The operation id a reviewer works on next under `filters`: the first of the
+    queue's view (its order and filters, as `review_queue` shows it) other than `after`
+    (the one just decided, which may still be listed). None when nothing is left. One
+    query."""
+    now = now or timezone.now()
+    qs = _in_queue(_filtered(user, filters, now=now), filters.state,
+                   searching=bool(filters.search))
+    if after:
+        qs = qs.exclude(operation_id=after)
+    order = ("state_changed_at", "id") if filters.oldest_first else ("-state_changed_at", "-id")
+    return qs.order_by(*order).values_list("operation_id", flat=True).first()
 
 
 @dataclass
@@ -279,8 +308,11 @@ class OperationDetail:
     # The live claim on it ("Ada is looking at this"), or None; people's notes.
     claim: Claim | None = None
     notes: list[OperationNote] = field(default_factory=list)
-    # A person may claim it and write notes (`ledger.claims`).
+    # A person may claim it (while it is open) and write notes (`ledger.claims`).
     can_claim: bool = False
+    can_note: bool = False
+    # Waiting on people (a decision, a conflict flag, an approval): claims mean something.
+    is_open: bool = False
 
     @property
     def timeline(self) -> list[tuple[str, object]]:
@@ -299,6 +331,9 @@ def operation_detail(user, operation_id: str, *, now: datetime | None = None) ->
         with_review_flags(visible_operations(user)).select_related("run", "step"),
         f"operation {operation_id!r}", operation_id=operation_id,
     )
+    # A claim says who is working on an open item; once the item is settled (no decision
+    # and no conflict flag left) a leftover claim means nothing and is not shown.
+    is_open = op.needs_review or bool(op.conflict) or op.state == State.PLANNED
     return OperationDetail(
         operation=op,
         events=list(op.events.order_by("version")),
@@ -306,9 +341,11 @@ def operation_detail(user, operation_id: str, *, now: datetime | None = None) ->
         duplicates=duplicates_of(op),
         resolutions=resolutions_for(op, user),
         can_acknowledge=can_acknowledge(op, user),
-        claim=Claim.objects.filter(operation=op, expires_at__gt=now).first(),
+        claim=Claim.objects.filter(operation=op, expires_at__gt=now).first() if is_open else None,
         notes=list(op.notes.order_by("created_at", "id")),
-        can_claim=can_claim(op, user),
+        can_claim=is_open and can_claim(op, user),
+        can_note=can_claim(op, user),
+        is_open=is_open,
     )
 
 

@@ -89,6 +89,8 @@ DECLARE
         -- the desk: a reviewer's claim is taken over in place when expired, and released
         'ledger_claim', 'INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, '
             'expires_at), DELETE',
+        -- the desk: a person's saved queue filters, replaced or deleted by their owner
+        'ledger_savedview', 'INSERT, UPDATE (owner_name, filters, updated_at), DELETE',
         -- execution state: their triggers allow each row's one-way moves only
         'ledger_fact', 'INSERT, UPDATE (status, superseded_by_id)',
         'ledger_factconflict', 'INSERT, UPDATE (state, resolved_at, resolved_by_id, '

@@ -1,13 +1,15 @@
 """Template helpers of the review desk. Every value they return is escaped."""
 
 import json
-from datetime import UTC
+from datetime import UTC, datetime
+from urllib.parse import urlencode
 
 from django import template
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ledger import durations, saved_views
 from ledger.models import Operation
 from ledger.states import QUEUE_STATES, State
 
@@ -26,8 +28,19 @@ def operation_url(operation: Operation | str) -> str:
 
 
 @register.filter
+def view_query(filters) -> str:
+    """A saved view's filters as the queue's query string: "?state=manual_review&age=1h"
+    ("" for none)."""
+    if not isinstance(filters, dict) or not filters:
+        return ""
+    # In the queue form's order, as the queue writes its own URL (jsonb keeps no order).
+    names = [*saved_views.FILTER_NAMES, *sorted(set(filters) - set(saved_views.FILTER_NAMES))]
+    return "?" + urlencode({key: str(filters[key]) for key in names if key in filters})
+
+
 def stuck_for(since) -> str:
-    """How long ago `since` was, coarsely: "12 min", "3 h", "2 d"."""
+    """How long ago `since` was, coarsely: "12 min", "3 h", "2 d" (templates write
+    `{{ since|duration:1 }}`)."""
     if since is None:
         return ""
     return _span(max(0, int((timezone.now() - since).total_seconds())))
@@ -35,13 +48,71 @@ def stuck_for(since) -> str:
 
 def _span(seconds: int) -> str:
     """A span of `seconds` (not negative), coarsely: "12 min", "3 h", "2 d"."""
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min"
-    if seconds < 86400:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} d"
+    return durations.in_words(seconds, units=1)
+
+
+@register.filter
+def duration(span, units: int = 2) -> str:
+    """A span of time (a timedelta, or seconds) in words: `{{ policy.approval_ttl|duration }}`
+    -> "1 d", "1 h 30 min"; `|duration:1` keeps one unit; a datetime is the span between
+    it and now ("in {{ claim.expires_at|duration:1 }}"). The desk's one way to write a
+    duration (`ledger.durations.in_words`); "—" for None."""
+    if span is None or span == "":
+        return "—"
+    if isinstance(span, datetime):
+        span = span - timezone.now()
+    return durations.in_words(span, units=int(units))
+
+
+@register.filter
+def reason_text(reason: str) -> str:
+    """An event's reason as people read it: an agent's "Timeout:" written before the
+    detail was optional loses its dangling colon."""
+    text = (reason or "").strip()
+    return text[:-1].rstrip() if text.endswith(":") else text
+
+
+@register.simple_tag
+def actor(kind_label: str, actor_id: str, *, kind: str = ""):
+    """Who made a change: "Agent billing-bot", "Person ada"; an in-process agent that
+    gave no name reads "Agent (in-process, unnamed)" rather than a bare "Agent"."""
+    if actor_id:
+        return format_html('<span class="actor">{}</span> {}', kind_label, actor_id)
+    missing = {"agent": "in-process, unnamed", "system": "the ledger",
+               "reconciler": "unnamed worker"}.get(kind, "unnamed")
+    return format_html('<span class="actor">{}</span> <span class="muted">({})</span>',
+                       kind_label, missing)
+
+
+@register.filter
+def changed_fields(change) -> list[tuple[str, str, str]]:
+    """What a policy or channel change changed, for people: (field, before, after) with
+    yes/no for booleans, durations in words and lists joined; fields that stayed out."""
+    before = change.before if isinstance(change.before, dict) else {}
+    after = change.after if isinstance(change.after, dict) else {}
+    rows = []
+    for name in [*after, *(k for k in before if k not in after)]:
+        old, new = before.get(name), after.get(name)
+        if change.before is not None and old == new:
+            continue
+        label = name.removesuffix("_seconds").replace("_", " ")
+        rows.append((label, _plain(name, old) if change.before is not None else "",
+                     _plain(name, new)))
+    return rows
+
+
+def _plain(name: str, value) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name.endswith("_seconds") and isinstance(value, int | float):
+        return durations.in_words(value)
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value) or "—"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_plain(k, v)}" for k, v in value.items()) or "—"
+    return str(value)
 
 
 @register.filter

@@ -392,7 +392,7 @@ def test_the_legacy_app_role_holds_no_write_beyond_what_the_api_needs(db):
     assert table_wide_writes(LEGACY) == {
         ("ledger_retentionpolicy", "UPDATE"), ("ledger_retentionpolicy", "DELETE"),
         ("ledger_approvalpolicy", "UPDATE"), ("ledger_tenantaccess", "DELETE"),
-        ("ledger_claim", "DELETE")}
+        ("ledger_claim", "DELETE"), ("ledger_savedview", "DELETE")}
 
 
 def test_only_the_desk_holds_a_table_wide_write(world):
@@ -400,7 +400,7 @@ def test_only_the_desk_holds_a_table_wide_write(world):
     assert table_wide_writes(DESK) == {
         ("ledger_retentionpolicy", "UPDATE"), ("ledger_retentionpolicy", "DELETE"),
         ("ledger_approvalpolicy", "UPDATE"), ("ledger_tenantaccess", "DELETE"),
-        ("ledger_claim", "DELETE")}
+        ("ledger_claim", "DELETE"), ("ledger_savedview", "DELETE")}
 
 
 def test_the_agent_role_holds_no_write_beyond_what_the_api_needs(world):

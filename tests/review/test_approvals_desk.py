@@ -46,7 +46,7 @@ def test_the_awaiting_list_shows_the_request_with_its_note_and_intent(client, re
     page = client.get(reverse("review:awaiting")).content.decode()
     assert awaiting.operation_id in page and page.count("data-operation=") == 1
     assert "invoice &lt;b&gt;7&lt;/b&gt; from ACME" in page  # agent text escaped
-    assert "0 / 1" in page
+    assert "0 of 1" in page
     detail = client.get(operation_url(awaiting)).content.decode()
     assert "Agent's note" in detail and "agent-7" in detail
     assert 'name="action" value="approve"' in detail

@@ -3,11 +3,14 @@
  *   j / k      next / previous row of the list (queue, audit log, ...)
  *   o, Enter   open the selected row
  *   /          focus the search (or the first filter)
- *   s / r / a  on an operation: focus "Mark succeeded", "Safe to retry" or "Abandon"
- *              (Shift+Tab reaches the reason; Enter decides)
+ *   s / r / a  on an operation: choose "Mark succeeded", "Safe to retry" or "Abandon"
+ *              and move to the reason; Ctrl+Enter there records the chosen decision
+ *   n          on an operation: the next item of the queue (same filter)
  *   ?          this help; Escape closes it
  *
- * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held.
+ * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held (but Ctrl+Enter in
+ * a decision's reason). After a decision, "Next item" takes the focus: Enter goes on.
+ * After a bulk decision the decided rows leave the list and the counts are asked again.
  *
  * The live queue: #queue-poll asks every few seconds (not while the tab is hidden) for
  * the counts, refreshed in place, and a notice when the rows changed. The rows are
@@ -60,6 +63,46 @@
     return document.getElementById("keys-help");
   }
 
+  // The decision chosen with s / r / a (or the only one offered): Ctrl+Enter records it.
+  function chosenButton(form) {
+    var chosen = form.querySelector('button[name="to_state"][aria-pressed="true"]');
+    if (chosen) { return chosen; }
+    var buttons = form.querySelectorAll('button[name="to_state"]');
+    if (buttons.length === 1) { return buttons[0]; }
+    return form.querySelector('.btn-acknowledge') || null;
+  }
+
+  function choose(button) {
+    var form = button.form;
+    form.querySelectorAll('button[name="to_state"]').forEach(function (other) {
+      other.setAttribute("aria-pressed", other === button ? "true" : "false");
+    });
+    var reason = form.querySelector("textarea[name=reason]");
+    (reason || button).focus();
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && event.target.form &&
+        event.target.closest("#decision form, #decide form")) {
+      var form = event.target.form;
+      var button = chosenButton(form);
+      event.preventDefault();
+      if (button) {
+        button.click();  // a click, so htmx sends the button's name and value
+      } else {
+        var status = form.querySelector(".choose-first");
+        if (!status) {
+          status = document.createElement("p");
+          status.className = "msg msg-warning choose-first";
+          status.setAttribute("role", "status");
+          form.appendChild(status);
+        }
+        status.textContent = "Choose a decision first: s, r or a (or Tab to its button).";
+      }
+      return;
+    }
+  });
+
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.altKey || event.metaKey || typing(event.target)) { return; }
     var dialog = helpDialog();
@@ -102,7 +145,14 @@
           '#decision button[name="to_state"][value="' + state + '"]');
         if (button) {
           event.preventDefault();
-          button.focus();
+          choose(button);
+        }
+        break;
+      case "n":
+        var next = document.querySelector("a[data-next]");
+        if (next) {
+          event.preventDefault();
+          next.click();
         }
         break;
       case "?":
@@ -168,6 +218,38 @@
       target.focus({preventScroll: true});
     }
   });
+  // A decision recorded: "Next item" takes the focus (Enter goes on to it).
+  document.addEventListener("htmx:afterSettle", function () {
+    var next = document.querySelector("a[data-focus-next]");
+    if (next && !next.hasAttribute("data-focused")) {
+      next.setAttribute("data-focused", "true");
+      next.focus();
+    }
+  });
+
+  // A bulk decision: the decided rows leave the list, nothing stays ticked, the counts
+  // are asked again (the queue's "changed" notice then offers the fresh rows).
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var target = event.detail && event.detail.target;
+    if (!target || target.id !== "bulk-slot") { return; }
+    target.querySelectorAll("[data-decided]").forEach(function (item) {
+      var id = item.getAttribute("data-decided");
+      document.querySelectorAll("input[form=bulk-form][name=items]").forEach(function (box) {
+        if (box.value.slice(0, box.value.lastIndexOf("@")) === id) {
+          var row = box.closest("tr");
+          if (row) { row.remove(); }
+        }
+      });
+    });
+    document.querySelectorAll("input[form=bulk-form][name=items]:checked, " +
+                              "#bulk-form input[name=all_matching]:checked")
+      .forEach(function (box) { box.checked = false; });
+    var reason = document.querySelector("#bulk-form input[name=reason]");
+    if (reason) { reason.value = ""; }
+    var poll = document.getElementById("queue-poll");
+    if (poll && window.htmx) { window.htmx.trigger(poll, "refresh"); }
+  });
+
   // A note that was recorded leaves its form empty for the next one.
   document.addEventListener("htmx:afterRequest", function (event) {
     var form = event.detail && event.detail.elt;
