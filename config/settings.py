@@ -45,7 +45,6 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django.contrib.postgres",  # GinIndex: the desk's search by fragment (pg_trgm)
     "django_htmx",
     "pgtrigger",
     "axes",

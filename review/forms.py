@@ -203,7 +203,8 @@ def labelled(message: str, form: forms.Form) -> str:
     """A ledger refusal as people read it on `form`: each argument name the message uses
     (`purge_after_days`) becomes the label of its field ("Purge after (days)")."""
     text = str(message)
-    for name in sorted(form.fields, key=len, reverse=True):
+    # Only snake_case names: a plain word ("pattern", "tenant") is also the message's prose.
+    for name in sorted((n for n in form.fields if "_" in n), key=len, reverse=True):
         label = form.fields[name].label or name.replace("_", " ").capitalize()
         text = re.sub(rf"\b{re.escape(name)}\b", f"“{label}”", text)
     return text

@@ -2,7 +2,6 @@
 
 import pgtrigger
 from django.conf import settings
-from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
@@ -221,6 +220,18 @@ class OperationQuerySet(models.QuerySet):
         return self if tenants is None else self.filter(tenant__in=tenants)
 
 
+# What the desk's search looks inside (ledger.selectors.operations): the id, the key and
+# the external id in one text, joined by a unit separator no search term holds, so a
+# fragment never matches across two of them. One trigram GIN index (operation_search_idx,
+# migration 0031) serves LIKE '%fragment%' on exactly this expression.
+def search_text_sql(table: str = "") -> str:
+    """The expression, its columns qualified by `table` when given (the index takes it
+    unqualified; a query joining other tables qualifies it: the planner matches both)."""
+    at = f'"{table}".' if table else ""
+    return (f"({at}operation_id::text || E'\\x1f' || {at}idempotency_key::text "
+            f"|| E'\\x1f' || {at}external_id::text)")
+
+
 class Operation(models.Model):
     """The receipt of one external action, written before the request is sent.
 
@@ -323,14 +334,6 @@ class Operation(models.Model):
                 name="operation_fingerprint_idx",
             ),
             models.Index(fields=["external_id"], name="operation_external_id_idx"),
-            # The desk's search by any fragment of an id, key or external id (LIKE
-            # '%fragment%', pg_trgm): ledger.selectors.operations._search.
-            GinIndex(fields=["operation_id"], opclasses=["gin_trgm_ops"],
-                     name="operation_id_trgm_idx"),
-            GinIndex(fields=["idempotency_key"], opclasses=["gin_trgm_ops"],
-                     name="operation_key_trgm_idx"),
-            GinIndex(fields=["external_id"], opclasses=["gin_trgm_ops"],
-                     name="operation_external_trgm_idx"),
             models.Index(fields=["completed_at"], name="operation_completed_idx"),
             models.Index(fields=["state_changed_at", "id"], name="operation_conflict_idx",
                          condition=models.Q(conflict__gt="")),

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BooleanField, Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ledger import access, states
@@ -23,7 +24,7 @@ from ledger.models import (
     OperationNote,
     ResolutionProposal,
 )
-from ledger.models.operations import Conflict
+from ledger.models.operations import Conflict, search_text_sql
 from ledger.selectors.base import fetch_one, visible
 from ledger.selectors.pagination import Page, check_per_page, keyset_page
 from ledger.states import RetryPolicy, State
@@ -129,19 +130,20 @@ def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operati
     return qs
 
 
-# A fragment this long or longer is searched inside ids, keys and external ids (trigram
-# GIN indexes: operation_id_trgm_idx, operation_key_trgm_idx, operation_external_trgm_idx);
-# a shorter one must be a whole value (pg_trgm cannot index fewer than three characters).
+# A fragment this long or longer is searched inside ids, keys and external ids (one
+# trigram GIN index over the three, operation_search_idx); a shorter one must be a whole
+# value (pg_trgm cannot index fewer than three characters).
 SEARCH_MIN_FRAGMENT = 3
+_SEARCH_TEXT = search_text_sql(Operation._meta.db_table)
 
 
 def _search(term: str) -> Q:
     """Operations whose id, idempotency key or external id contains `term` (or equals it,
     for a term shorter than SEARCH_MIN_FRAGMENT). Case-sensitive, as the values are."""
-    if len(term) < SEARCH_MIN_FRAGMENT:
+    if len(term) < SEARCH_MIN_FRAGMENT or "\x1f" in term:
         return Q(operation_id=term) | Q(external_id=term) | Q(idempotency_key=term)
-    return (Q(operation_id__contains=term) | Q(idempotency_key__contains=term)
-            | Q(external_id__contains=term))
+    pattern = "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    return Q(RawSQL(f"{_SEARCH_TEXT} LIKE %s", [pattern], output_field=BooleanField()))
 
 
 def _conflicting() -> Q:

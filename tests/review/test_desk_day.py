@@ -81,19 +81,31 @@ def test_a_fragment_search_runs_the_queues_queries(client, reviewer, django_asse
 
 
 @pytest.mark.django_db
-def test_the_fragment_search_can_use_the_trigram_indexes():
+def test_the_fragment_search_uses_the_trigram_index():
     from django.db import connection
 
+    from ledger.models import Operation
+    from ledger.selectors.operations import _search
+
+    sql, params = Operation.objects.filter(_search("c8ac46")).values("id").query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN SELECT id FROM ledger_operation "
-                       "WHERE operation_id::text LIKE %s OR idempotency_key::text LIKE %s "
-                       "OR external_id::text LIKE %s",
-                       ["%c8ac46%"] * 3)
+        cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    for index in ("operation_id_trgm_idx", "operation_key_trgm_idx",
-                  "operation_external_trgm_idx"):
-        assert index in plan, plan
+    assert "operation_search_idx" in plan, plan
+
+
+@pytest.mark.django_db
+def test_a_fragment_never_matches_across_id_and_key(client, reviewer):
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN, idempotency_key="zz-start")
+    client.force_login(reviewer)
+    across = op.operation_id[-3:] + "zz-"
+    assert client.get(QUEUE, {"q": across}).context["page"].items == []
+    literal = OperationFactory(state=State.OUTCOME_UNKNOWN, idempotency_key="a%b_c")
+    items = client.get(QUEUE, {"q": "a%b_c"}).context["page"].items
+    assert [row.operation_id for row in items] == [literal.operation_id]
+    assert client.get(QUEUE, {"q": "a%b"}).context["page"].items[0] == literal
+    assert client.get(QUEUE, {"q": "zzzb_"}).context["page"].items == []
 
 
 # --- next item -----------------------------------------------------------------------

@@ -225,11 +225,13 @@ def test_the_default_policy_cannot_be_deleted_and_the_page_says_why(admin_client
 @pytest.mark.django_db
 @pytest.mark.parametrize("form, message", [
     (new_policy("articles create", 30), "expected a pattern of operation-name characters"),
-    (new_policy("articles.*", 0), "expected purge_after_days to be a whole number of days "
-                                  "from 1 to 36500, found 0"),
-    (new_policy("articles.*", 10, redact=20), "expected redact_after_days at most "
-                                              "purge_after_days (10), found 20"),
-    (new_policy("articles.*", 10, keep=99999), "expected keep_events_days to be a whole number"),
+    # the ledger's argument names become the form's labels
+    (new_policy("articles.*", 0), "expected “Purge after (days)” to be a whole number of "
+                                  "days from 1 to 36500, found 0"),
+    (new_policy("articles.*", 10, redact=20), "expected “Redact after (days)” at most "
+                                              "“Purge after (days)” (10), found 20"),
+    (new_policy("articles.*", 10, keep=99999),
+     "expected “Keep events (days)” to be a whole number"),
     (new_policy("articles.*", 10, tenant="t" * 101), "expected tenant to be a tenant name"),
     (new_policy("articles.*", "ten"), "Purge after (days): expected a whole number of days."),
     (new_policy("", 10), "Operation pattern: expected a glob"),
@@ -254,7 +256,8 @@ def test_a_bad_edit_shows_the_ledgers_message_keeps_the_form_open_and_writes_not
                                  headers={"HX-Request": "true"})
     assert response.status_code == 422
     body = response.content.decode()
-    assert "expected redact_after_days at most purge_after_days (30), found 60" in body
+    assert ("expected “Redact after (days)” at most “Purge after (days)” (30), found 60"
+            in body)
     assert "<details open>" in body and 'value="60"' in body
     assert written() == before
 
