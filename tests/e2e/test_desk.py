@@ -45,7 +45,8 @@ def test_reviewer_filters_opens_reads_evidence_resolves_and_finds_it_audited(bro
     screenshot(page, "queue")
 
     page.click(f"text={op.operation_id}")
-    page.wait_for_url(f"**/operations/{op.operation_id}/")
+    # the filter comes along (state=manual_review), for "Next item" and back
+    page.wait_for_url(f"**/operations/{op.operation_id}/?state=manual_review")
     evidence = page.locator("#evidence")
     assert "CMS search unavailable" in evidence.inner_text()
     assert "search endpoint answered 503 three times" in evidence.inner_text()
