@@ -11,7 +11,7 @@ from ledger.models.operations import search_text_sql
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0030_actor_roles'),
+        ('ledger', '0031_operation_trace'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
