@@ -120,3 +120,20 @@ def test_every_python_block_compiles(page, index, code):
         compile(code, f"{page}#{index}", "exec")
     except SyntaxError as exc:
         pytest.fail(f"expected block {index} of {page} to be Python, found {exc}")
+
+
+def test_the_state_machine_on_the_front_page_is_the_state_table():
+    from ledger import states
+
+    for page in ("README.md", "docs/index.md"):
+        text = (Path(ROOT) / page).read_text().split("## The state machine", 1)[1]
+        diagram = text.split("```", 2)[1]
+        shown = {}
+        for line in diagram.splitlines():
+            if "->" in line:
+                source, targets = line.split("->", 1)
+                targets = re.sub(r"\([^)]*\)", "", targets)
+                shown[source.strip()] = {t.strip() for t in targets.split("|")}
+            elif line.endswith(": terminal"):
+                shown.update({s.strip(): set() for s in line.split(":")[0].split(",")})
+        assert shown == {s: set(t) for s, t in states.TRANSITIONS.items()}, page
