@@ -285,6 +285,39 @@ def test_an_approval_policy_holds_the_call_until_a_person_approves(make_key, tmp
     assert op.state == "succeeded" and len(invoices(tmp_path)) == 1
 
 
+def test_with_approval_wait_the_gateway_waits_for_the_decision(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    reviewer = UserFactory(username="rita", role="reviewer", tenants=["default"])
+    admin = UserFactory(username="adam", role="admin", tenants=["default"])
+    approvals.set_policy("invoices.*", user=admin)
+    config = write_config(tmp_path, extra="approval_wait = 120")
+
+    def approve_when_asked():
+        from django.db import connection as thread_connection
+
+        from ledger.models import ApprovalRequest
+        try:
+            deadline = time.monotonic() + 90
+            while not ApprovalRequest.objects.exists():
+                assert time.monotonic() < deadline, "expected the gateway to ask approval"
+                time.sleep(0.2)
+            approvals.approve(Operation.objects.get(), user=reviewer, reason="fine")
+        finally:
+            thread_connection.close()
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, approve_when_asked)
+                done = await client.call_tool("create_invoice", invoice("w-1"))
+            assert not done.is_error, done.content
+            assert done.structured_content["reference"] == "w-1"
+
+    anyio.run(main)
+    assert Operation.objects.get().state == "succeeded"
+    assert [i["reference"] for i in invoices(tmp_path)] == ["w-1"]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
