@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reset test docs install migrate lint bench serve db-stop clean
+.PHONY: demo demo-reset test docs install migrate roles lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -25,14 +25,25 @@ migrate: install
 # The demo: seed, then the processes of Procfile.demo under honcho (the desk on runserver,
 # the reconciler, the notifier, the sealer and the simulated articles service the
 # reconciler reads). Ctrl-C stops them all; one of them dying stops the others and says so.
+# The owner only migrates, seeds and runs db_roles; each process of Procfile.demo logs in
+# as its own kind (docs/security.md): the desk and API as ledger_web, the reconciler,
+# notifier and sealer as theirs.
 demo: migrate
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed
+	$(PY) manage.py db_roles $(LOGINS)
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) PYTHONUNBUFFERED=1 \
 		$(VENV)/bin/honcho start -f Procfile.demo -p $(PORT)
 
 # The demo's data as `make demo` first made it: drops the demo database, migrates, seeds.
 demo-reset: install
 	LEDGER_DESK_URL=http://127.0.0.1:$(PORT) $(PY) manage.py demo_seed --reset
+	$(PY) manage.py db_roles $(LOGINS)
+
+# The roles per kind of actor and one login per process (docs/security.md), as the owner.
+LOGINS := --login ledger_web=agent,desk --login ledger_reconcile=reconciler \
+	--login ledger_notify=reconciler --login ledger_seal=reconciler
+roles: migrate
+	$(PY) manage.py db_roles $(LOGINS)
 
 # Every process of a deployment (Procfile: web, reconcile, notify, seal), after migrations
 # and static files, under honcho: one process exiting stops the others, and honcho says

@@ -57,6 +57,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Each request's database work as its kind's role (the API and MCP as ledger_agent, the
+    # desk as ledger_desk) when the login may become both: ledger/db_roles.py.
+    "ledger.db_roles.RequestRoleMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (collected by `manage.py collectstatic`) straight from the app process,
     # compressed and with far-future caching, under WSGI and ASGI alike.

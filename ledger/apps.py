@@ -14,6 +14,9 @@ class LedgerConfig(AppConfig):
         from ledger.roles import restore_after_flush
 
         checks.register(conf.check_settings)
+        from ledger import db_roles
+
+        checks.register(db_roles.check_login, deploy=True)
 
         # Bootstrap data only (groups, the default policy), as Django does for permissions.
         post_migrate.connect(restore_after_flush, sender=self,

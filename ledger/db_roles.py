@@ -185,6 +185,9 @@ def ensure_login(name: str, kinds: Iterable[str]) -> None:
     if not kinds or unknown:
         raise RolesRefused(f"expected a login's kinds among {', '.join(KINDS)}, found "
                            f"{', '.join(unknown) or 'none'} for {name}")
+    if len(kinds) > 1 and AGENT not in kinds:
+        raise RolesRefused(f"expected a login of several kinds to include agent (its sessions "
+                           f"start as the agent), found {name} asked for {', '.join(kinds)}")
     if AGENT in kinds and RECONCILER in kinds:
         raise RolesRefused(f"expected an agent's login never to act as a reconciler, found "
                            f"{name} asked for both")
@@ -197,6 +200,13 @@ def ensure_login(name: str, kinds: Iterable[str]) -> None:
             for kind in KINDS:
                 verb = "GRANT {} TO {}" if kind in kinds else "REVOKE {} FROM {}"
                 cursor.execute(verb.format(_quote(ROLE[kind]), _quote(name)))
+            # A login of more than one kind (the web process: agent and desk) starts every
+            # session as the agent; the desk's requests become ledger_desk for their
+            # duration (RequestRoleMiddleware). A path that forgets to choose is an agent.
+            if len(kinds) > 1:
+                cursor.execute(f"ALTER ROLE {_quote(name)} SET role = {_quote(ROLE[AGENT])}")
+            else:
+                cursor.execute(f"ALTER ROLE {_quote(name)} RESET role")
     _retry(memberships)
 
 
@@ -279,11 +289,13 @@ def _grant_all(owner: str) -> None:
                 cursor.execute(f"GRANT SELECT ON {_quote(table)} TO {roles}")
                 for kind, writes in LEDGER_WRITES[table].items():
                     cursor.execute(f"GRANT {writes} ON {_quote(table)} TO {_quote(ROLE[kind])}")
+            elif table == "django_migrations":
+                # every process may ask whether its code's migrations are applied
+                cursor.execute(f"GRANT SELECT ON {_quote(table)} TO {roles}")
             else:
                 desk = ", ".join(_quote(ROLE[k]) for k in FRAMEWORK_WRITERS)
-                rights = "SELECT" if table == "django_migrations" else \
-                    "SELECT, INSERT, UPDATE, DELETE"
-                cursor.execute(f"GRANT {rights} ON {_quote(table)} TO {desk}")
+                cursor.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {_quote(table)} "
+                               f"TO {desk}")
         cursor.execute("SELECT c.relname, d.refobjid::regclass::text FROM pg_class c "
                        "JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public' "
                        "LEFT JOIN pg_depend d ON d.objid = c.oid AND d.deptype IN ('a', 'i') "
@@ -313,3 +325,84 @@ def session_role() -> tuple[str, str, bool, bool]:
             "             AND t.tablename = 'ledger_operation'), false) "
             "FROM pg_roles r WHERE r.rolname = session_user")
         return cursor.fetchone()
+
+
+# --- the web process: each request's database work as its kind's role --------------------
+
+# Paths served to agents (the HTTP API, MCP) and to machines (health, metrics): the agent's
+# role. Everything else (the desk, the admin, logins) is the desk's.
+AGENT_PREFIXES = ("/api/", "/mcp", "/healthz", "/metrics", "/static/")
+
+_switching: bool | None = None
+
+
+def switches_roles() -> bool:
+    """Whether this process's login is one that becomes a kind's role per request: no
+    superuser, a member of ledger_agent and of ledger_desk (the web process's login,
+    `db_roles --login NAME=agent,desk`). Asked once per process."""
+    global _switching
+    if _switching is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT NOT r.rolsuper "
+                "   AND EXISTS (SELECT FROM pg_roles a WHERE a.rolname = 'ledger_agent' "
+                "                AND pg_has_role(session_user, a.oid, 'MEMBER')) "
+                "   AND EXISTS (SELECT FROM pg_roles d WHERE d.rolname = 'ledger_desk' "
+                "                AND pg_has_role(session_user, d.oid, 'MEMBER')) "
+                "FROM pg_roles r WHERE r.rolname = session_user")
+            _switching = bool(cursor.fetchone()[0])
+    return _switching
+
+
+def kind_of_path(path: str) -> str:
+    return AGENT if path.startswith(AGENT_PREFIXES) else DESK
+
+
+def set_role(kind: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {ROLE[kind]}")
+
+
+class RequestRoleMiddleware:
+    """Each request's database work runs as its kind's role: `SET ROLE ledger_agent` for
+    the HTTP API and MCP, `SET ROLE ledger_desk` for the desk, and back to ledger_agent at
+    the end (a connection between requests can do no more than an agent). Only when the
+    process's login may become both (`switches_roles`); a login of one kind, the owner or a
+    superuser is left as it is. First in MIDDLEWARE, before anything reads the database."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if not switches_roles():
+            return self.get_response(request)
+        set_role(kind_of_path(request.path))
+        try:
+            return self.get_response(request)
+        finally:
+            try:
+                set_role(AGENT)
+            except DatabaseError:
+                connection.close()  # a broken connection is not reused as the desk
+
+
+def check_login(app_configs=None, **kwargs):
+    """`manage.py check --deploy`: warn when this process's login is a superuser or a
+    member of the tables' owner (it could switch the ledger's rules off)."""
+    from django.core.checks import Warning
+
+    try:
+        current, session, superuser, owner = session_role()
+    except DatabaseError as exc:
+        return [Warning(f"expected to look up this process's database login, found {exc}",
+                        id="ledger.W120")]
+    if superuser or owner:
+        what = "a superuser" if superuser else "the tables' owner or a member of it"
+        return [Warning(
+            f"expected this process to log in as one kind's login (manage.py db_roles "
+            f"--login; docs/security.md), found {session}, {what}: it could switch the "
+            "ledger's rules off and act as any kind of actor",
+            hint="create the logins with manage.py db_roles --login NAME=KIND and set "
+                 "DATABASE_URL (or LEDGER_DATABASE_USER) of each process to its own",
+            id="ledger.W121")]
+    return []

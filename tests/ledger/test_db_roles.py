@@ -13,22 +13,21 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from ledger import db_roles
-from ledger.models import Operation
+from ledger.models import Approval, Operation
 from ledger.states import State
+from tests.conftest import TEST_LOGINS
 from tests.factories import OperationFactory, UserFactory
 from tests.support.processes import run_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-LOGINS = {kind: f"ledger_test_{kind}" for kind in db_roles.KINDS}
 NO_PRIVILEGE = "42501"
 
 
 @pytest.fixture
 def logins():
-    db_roles.apply(logins=[(LOGINS[kind], (kind,)) for kind in db_roles.KINDS])
-    return LOGINS
+    """The logins tests/conftest.py made for the session, one per kind."""
+    return TEST_LOGINS
 
 
 @pytest.fixture
@@ -61,7 +60,7 @@ ATTEMPTS = """
 from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 from ledger import approvals, receipts, transitions
-from ledger.models import Operation
+from ledger.models import Approval, Operation
 
 result = {}
 with connection.cursor() as cursor:
@@ -265,3 +264,127 @@ print("DONE")
     for child in children:
         out, err = child.communicate(timeout=120)
         assert child.returncode == 0 and "DONE" in out, err
+
+
+# --- the product works under its roles ------------------------------------------------------
+
+
+def test_an_agent_runs_its_whole_api_as_the_agent_role(logins):
+    found = run_as(logins["agent"], """
+from django.db import connection
+from ledger import approvals, facts, leases, obligations, receipts, runs
+from ledger.actions import action
+from datetime import timedelta
+
+with connection.cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    login = cursor.fetchone()[0]
+op = receipts.record_intent("articles.create", "https://cms.example/a", {"title": "t"})
+receipts.mark_submitted(op)
+receipts.mark_succeeded(op, external_id="a-1")
+lost = receipts.record_intent("articles.create", "https://cms.example/a", {"title": "u"})
+receipts.mark_submitted(lost)
+receipts.mark_outcome_unknown(lost, error_code="Timeout", detail="no answer")
+
+@action("articles.publish", target="https://cms.example/p", key=lambda slug: slug,
+        external_id=lambda result: result["id"])
+def publish(slug):
+    return {"id": "p-" + slug}
+
+first, again = publish("hello"), publish("hello")
+run = runs.start("nightly", run_id="run-agent")
+runs.add_step(run, "one")
+runs.start_step(run, "one")
+runs.commit_step(run, "one")
+obligations.open(run, "refund", "refund-agent")
+obligations.commit("refund-agent", {"ok": True})
+facts.assert_fact("order-1", "status", "paid", source="agent-a")
+facts.assert_fact("order-1", "status", "refunded", source="agent-b")
+token = leases.acquire("job:1", "agent-a", timedelta(minutes=1))
+planned = receipts.record_intent("payments.send", "https://bank.example", {"amount": 5})
+approvals.request(planned, note="please")
+result = {"login": login, "states": [op.state, lost.state], "publish": [first, again],
+          "token": token}
+""")
+    assert found == {"login": logins["agent"], "states": ["succeeded", "outcome_unknown"],
+                     "publish": [{"id": "p-hello"}, {"id": "p-hello"}], "token": 1}
+
+
+def test_reconcile_once_settles_as_the_reconciler_role(logins):
+    from ledger.models import Evidence
+
+    lost = OperationFactory(state=State.OUTCOME_UNKNOWN, operation="roles.found")
+    found = run_as(logins["reconciler"], f"""
+from django.core.management import call_command
+from django.db import connection
+from ledger import reconcile
+
+@reconcile.register("roles.found")
+class FoundIt(reconcile.Reconciler):
+    def lookup(self, op):
+        return reconcile.Found("ext-roles", {{"id": "ext-roles"}})
+
+with connection.cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    login = cursor.fetchone()[0]
+call_command("reconcile", "--once")
+from ledger.models import Approval, Operation
+result = {{"login": login, "state": Operation.objects.get(pk={lost.pk}).state}}
+""")
+    assert found == {"login": logins["reconciler"], "state": "succeeded"}
+    assert Evidence.objects.filter(operation=lost, verdict="found").exists()
+    from ledger import chain
+
+    chain.seal()
+    assert chain.verify(actor="test").is_intact
+
+
+def test_every_desk_decision_runs_as_the_desk_role(logins, people):
+    from ledger import approvals, facts
+
+    ops = {state: [OperationFactory(state=state) for _ in range(2)]
+           for state in (State.OUTCOME_UNKNOWN, State.PLANNED)}
+    bulk = [OperationFactory(state=State.OUTCOME_UNKNOWN) for _ in range(2)]
+    two = OperationFactory(state=State.OUTCOME_UNKNOWN, operation="payments.send")
+    approvals.set_policy("payments.*", user=people["admin"], consequential=True)
+    twin_a = OperationFactory(state=State.SUCCEEDED, intent={"title": "same"},
+                              idempotency_key="a")
+    OperationFactory(state=State.SUCCEEDED, intent={"title": "same"}, idempotency_key="b")
+    facts.assert_fact("order-9", "status", "paid", source="agent-a")
+    facts.assert_fact("order-9", "status", "refunded", source="agent-b")
+    UserFactory(username="second", role="reviewer")
+    unknown, planned = ops[State.OUTCOME_UNKNOWN], ops[State.PLANNED]
+    found = run_as(logins["desk"], f"""
+from django.contrib.auth.models import User
+from django.db import connection
+from ledger import approvals, bulk, facts, receipts
+from ledger.models import FactConflict, Operation
+
+with connection.cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    login = cursor.fetchone()[0]
+reviewer = User.objects.get(username="reviewer")
+second = User.objects.get(username="second")
+op = Operation.objects.get
+receipts.resolve(op(pk={unknown[0].pk}), "succeeded", user=reviewer, reason="seen",
+                 external_id="x-1")
+receipts.resolve(op(pk={unknown[1].pk}), "abandoned", user=reviewer, reason="never sent")
+receipts.resolve(op(pk={two.pk}), "succeeded", user=reviewer, reason="seen", external_id="p")
+receipts.resolve(op(pk={two.pk}), "succeeded", user=second, reason="agreed", external_id="p")
+approvals.approve(op(pk={planned[0].pk}), user=reviewer, reason="fine")
+approvals.deny(op(pk={planned[1].pk}), user=reviewer, reason="no")
+receipts.acknowledge(op(pk={twin_a.pk}), user=reviewer, reason="two articles intended")
+done = bulk.resolve_many([(o.operation_id, o.version) for o in
+                          Operation.objects.filter(pk__in={[o.pk for o in bulk]})],
+                         "abandoned", user=reviewer, reason="cleanup")
+facts.resolve_conflict(FactConflict.objects.get(subject="order-9"), winner="candidate",
+                       user=reviewer, reason="the bank says so")
+result = {{"login": login}}
+""")
+    assert found == {"login": logins["desk"]}
+    states = {o.pk: o.state for o in Operation.objects.all()}
+    assert (states[unknown[0].pk], states[unknown[1].pk], states[two.pk]) == (
+        State.SUCCEEDED, State.ABANDONED, State.SUCCEEDED)
+    assert states[planned[1].pk] == State.ABANDONED
+    assert all(states[o.pk] == State.ABANDONED for o in bulk)
+    assert Approval.objects.filter(operation=planned[0], decision="approve").exists()
