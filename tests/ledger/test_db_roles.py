@@ -388,3 +388,24 @@ result = {{"login": login}}
     assert states[planned[1].pk] == State.ABANDONED
     assert all(states[o.pk] == State.ABANDONED for o in bulk)
     assert Approval.objects.filter(operation=planned[0], decision="approve").exists()
+
+
+def test_check_deploy_warns_about_an_owner_or_superuser_login_only(logins):
+    import subprocess
+    import sys
+
+    from tests.support.processes import ROOT, child_env
+
+    def warnings(login=None):
+        done = subprocess.run([sys.executable, "manage.py", "check", "--deploy"], cwd=ROOT,
+                              env=child_env(login), capture_output=True, text=True,
+                              timeout=120)
+        return done.stdout + done.stderr
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT session_user")
+        owner = cursor.fetchone()[0]
+    assert f"(ledger.W121) expected this process to log in as one kind's login (manage.py " \
+           f"db_roles --login; docs/security.md), found {owner}, a superuser" in warnings()
+    for kind in ("agent", "web"):
+        assert "ledger.W121" not in warnings(logins[kind])
