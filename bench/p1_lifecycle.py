@@ -8,7 +8,9 @@ The claim is the ratio of the median lifecycles (a stall of the shared machine l
 side or the other at random and moves a ratio of totals by itself); the ratio of the
 totals is printed beside it.
 Then the same again with `synchronous_commit = off`, to show what the fsync at each commit
-costs.
+costs. Last, the ledger's lifecycle as the agent's role (ledger_agent, `manage.py
+db_roles`: its grants, and the role checks of migration 0030) beside the same as the
+tables' owner, interleaved on one connection (`SET ROLE` between lifecycles, untimed).
 """
 
 from __future__ import annotations
@@ -135,18 +137,50 @@ def main() -> dict:
         ])
     with connection.cursor() as cursor:
         cursor.execute("SET synchronous_commit TO on")
+    as_agent, as_owner = agent_beside_owner(n, ledger_lifecycle)
+    print_table(f"P1 lifecycle, {n} operations each, as the agent's role / as the owner", [
+        ("as ledger_agent", f"{n / as_agent.total:8.0f} ops/s, median {ms(as_agent.median)}"),
+        ("as the tables' owner", f"{n / as_owner.total:8.0f} ops/s, "
+                                 f"median {ms(as_owner.median)}"),
+        ("ratio agent / owner", f"{as_agent.median / as_owner.median:.3f}x of the medians, "
+                                f"{as_agent.total / as_owner.total:.3f}x of the totals"),
+    ])
+    results["agent_role"] = {"ratio": as_agent.median / as_owner.median,
+                             "ratio_of_totals": as_agent.total / as_owner.total,
+                             "agent_median_ms": as_agent.median * 1000,
+                             "owner_median_ms": as_owner.median * 1000}
     summary = {
         "scale": args.scale,
         "operations": n,
         "ratio": results["on"]["ratio"],
         "ratio_sync_off": results["off"]["ratio"],
         "fsync_cost_ledger": results["off"]["ledger_ops_per_s"] / results["on"]["ledger_ops_per_s"],
+        "agent_role_ratio": results["agent_role"]["ratio"],
         "details": results,
     }
     print(f"fsync: the ledger does {summary['fsync_cost_ledger']:.2f}x more lifecycles/s "
           "with synchronous_commit off")
     record("P1", summary)
     return summary
+
+
+def agent_beside_owner(n: int, lifecycle) -> tuple[Stopwatch, Stopwatch]:
+    """`lifecycle` n times as ledger_agent and n times as the owner, alternating who goes
+    first; the role is switched between lifecycles, outside the timing."""
+    from django.db import connection
+
+    from ledger import db_roles
+
+    db_roles.apply()
+    agent, owner = Stopwatch("agent"), Stopwatch("owner")
+    sides = [(agent, f"SET ROLE {db_roles.ROLE[db_roles.AGENT]}"), (owner, "RESET ROLE")]
+    with connection.cursor() as cursor:
+        for r in range(n):
+            for watch, switch in sides if r % 2 == 0 else sides[::-1]:
+                cursor.execute(switch)
+                watch.time(lifecycle)
+        cursor.execute("RESET ROLE")
+    return agent, owner
 
 
 if __name__ == "__main__":

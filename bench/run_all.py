@@ -36,6 +36,8 @@ GOALS = {
 
 # The second claim some benchmarks make, printed under the summary line.
 ALSO = {
+    "P1": lambda r: f"as the agent's role / as the owner {r['agent_role_ratio']:.3f}x "
+                    "(goal <= 1.05)" + ("  met" if r["agent_role_ratio"] <= 1.05 else "  NOT met"),
     "P2": lambda r: f"SQL queries constant from the small to the large ledger: "
                     f"{r['queries_constant']}",
     "P3": lambda r: f"as threads of one process: {r['ratio_threads']:.2f}x",

@@ -25,13 +25,17 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def api_server(django_db_setup, tmp_path_factory):
-    """The base URL of `uvicorn config.asgi:application` serving the test database."""
+    """The base URL of `uvicorn config.asgi:application` serving the test database, logged
+    in as the web process's login (agent and desk: tests/conftest.py, docs/security.md)."""
     from django.db import connection
+
+    from tests.conftest import TEST_LOGINS
 
     port = _free_port()
     log = open(tmp_path_factory.mktemp("api-server") / "server.log", "w+")  # noqa: SIM115
     env = dict(os.environ, PYTHONUNBUFFERED="1",
-               LEDGER_DATABASE_NAME=connection.settings_dict["NAME"])
+               LEDGER_DATABASE_NAME=connection.settings_dict["NAME"],
+               LEDGER_DATABASE_USER=TEST_LOGINS["web"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning"],
