@@ -29,6 +29,10 @@ def admin_user(db):
 # tests that run a child process as one kind log in as these (tests/support/processes.py).
 TEST_LOGINS = {"agent": "ledger_test_agent", "reconciler": "ledger_test_reconciler",
                "desk": "ledger_test_desk", "web": "ledger_test_web"}
+# The logins Procfile.demo's processes use (the Makefile's `roles`): tests/test_demo.py runs
+# them as they are.
+DEMO_LOGINS = [("ledger_web", ("agent", "desk")), ("ledger_reconcile", ("reconciler",)),
+               ("ledger_notify", ("reconciler",)), ("ledger_seal", ("reconciler",))]
 
 
 @pytest.fixture(scope="session")
@@ -37,4 +41,5 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
     with django_db_blocker.unblock():
         db_roles.apply(logins=[(TEST_LOGINS[kind], (kind,)) for kind in db_roles.KINDS]
-                       + [(TEST_LOGINS["web"], (db_roles.AGENT, db_roles.DESK))])
+                       + [(TEST_LOGINS["web"], (db_roles.AGENT, db_roles.DESK))]
+                       + DEMO_LOGINS)
