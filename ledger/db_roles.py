@@ -335,22 +335,25 @@ AGENT_PREFIXES = ("/api/", "/mcp", "/healthz", "/metrics", "/static/")
 
 _switching: bool | None = None
 
+_SWITCHES = (
+    "SELECT NOT r.rolsuper"
+    "   AND EXISTS (SELECT FROM pg_roles a WHERE a.rolname = 'ledger_agent'"
+    "                AND pg_has_role(session_user, a.oid, 'MEMBER'))"
+    "   AND EXISTS (SELECT FROM pg_roles d WHERE d.rolname = 'ledger_desk'"
+    "                AND pg_has_role(session_user, d.oid, 'MEMBER'))"
+    " FROM pg_roles r WHERE r.rolname = session_user"
+)
 
-def switches_roles() -> bool:
+
+def switches_roles(cursor) -> bool:
     """Whether this process's login is one that becomes a kind's role per request: no
     superuser, a member of ledger_agent and of ledger_desk (the web process's login,
-    `db_roles --login NAME=agent,desk`). Asked once per process."""
+    `db_roles --login NAME=agent,desk`). Asked once per process, on `cursor` (a DB-API
+    cursor)."""
     global _switching
     if _switching is None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT NOT r.rolsuper "
-                "   AND EXISTS (SELECT FROM pg_roles a WHERE a.rolname = 'ledger_agent' "
-                "                AND pg_has_role(session_user, a.oid, 'MEMBER')) "
-                "   AND EXISTS (SELECT FROM pg_roles d WHERE d.rolname = 'ledger_desk' "
-                "                AND pg_has_role(session_user, d.oid, 'MEMBER')) "
-                "FROM pg_roles r WHERE r.rolname = session_user")
-            _switching = bool(cursor.fetchone()[0])
+        cursor.execute(_SWITCHES)
+        _switching = bool(cursor.fetchone()[0])
     return _switching
 
 
@@ -358,32 +361,42 @@ def kind_of_path(path: str) -> str:
     return AGENT if path.startswith(AGENT_PREFIXES) else DESK
 
 
-def set_role(kind: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SET ROLE {ROLE[kind]}")
-
-
 class RequestRoleMiddleware:
-    """Each request's database work runs as its kind's role: `SET ROLE ledger_agent` for
-    the HTTP API and MCP, `SET ROLE ledger_desk` for the desk, and back to ledger_agent at
-    the end (a connection between requests can do no more than an agent). Only when the
-    process's login may become both (`switches_roles`); a login of one kind, the owner or a
-    superuser is left as it is. First in MIDDLEWARE, before anything reads the database."""
+    """A desk request's database work runs as ledger_desk; everything else stays
+    ledger_agent, which every session of the web login starts as (`ensure_login`).
+
+    Before a desk request's first statement, `SET ROLE ledger_desk`; after the request,
+    `SET ROLE ledger_agent` again, so that a connection kept between requests (the pool)
+    can do no more than an agent. A request that reads nothing touches no connection.
+    Only when the process's login may become both (`switches_roles`); a login of one kind,
+    the owner or a superuser is left as it is. First in MIDDLEWARE."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        if not switches_roles():
+        if kind_of_path(request.path) != DESK:
             return self.get_response(request)
-        set_role(kind_of_path(request.path))
+        switched = []
+
+        def as_desk(execute, sql, params, many, context):
+            if not switched:
+                raw = context["cursor"].cursor
+                switched.append(switches_roles(raw))
+                if switched[0]:
+                    raw.execute(f"SET ROLE {ROLE[DESK]}")
+            return execute(sql, params, many, context)
+
         try:
-            return self.get_response(request)
+            with connection.execute_wrapper(as_desk):
+                return self.get_response(request)
         finally:
-            try:
-                set_role(AGENT)
-            except DatabaseError:
-                connection.close()  # a broken connection is not reused as the desk
+            if switched and switched[0]:
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.execute(f"SET ROLE {ROLE[AGENT]}")
+                except DatabaseError:
+                    connection.close()  # a broken connection is not reused as the desk
 
 
 def check_login(app_configs=None, **kwargs):
