@@ -144,11 +144,16 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
             default=None, description="Dotted paths, e.g. ['to', 'subject']: only these "
             "fields of the intent are stored and fingerprinted; the rest (bodies, personal "
             "data) never reach the ledger.")] = None,
+        relies_on: Annotated[list[dict[str, Any]] | None, Field(
+            default=None, description="The facts you planned this on, each {subject, "
+            "predicate, version} as state_read_facts returned it: if one has been "
+            "superseded, ledger_mark_submitted refuses (Stale fact); read the facts again "
+            "and re-plan.")] = None,
     ) -> dict[str, Any]:
         data, created = await _call(
             ctx, service.record_intent, operation=operation, target=target, intent=intent,
             idempotency_key=idempotency_key, tenant=tenant, run=run, step=step, call=call,
-            retry_policy=retry_policy, keep=keep,
+            retry_policy=retry_policy, keep=keep, relies_on=relies_on,
         )
         return {"created": created, "operation": data}
 

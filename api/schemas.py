@@ -37,6 +37,12 @@ class Problem(Schema):
     detail: str
 
 
+class FactRef(Schema):
+    subject: str
+    predicate: str
+    version: int = Field(ge=1, description="The version the action was planned on.")
+
+
 class RecordIntentIn(Schema):
     operation: str = Field(description="What the call does, e.g. articles.create.")
     target: str = Field(description="Where it goes, e.g. a URL (credentials are redacted).")
@@ -64,6 +70,9 @@ class RecordIntentIn(Schema):
     in_flight_seconds: float | None = Field(
         default=None, gt=0, le=86400,
         description="With submit: how long the request may still land after a timeout.")
+    relies_on: list[FactRef] = Field(
+        default_factory=list, description="The fact versions the action was planned on: "
+        "once one is superseded, submitting it is refused (409 stale-fact).")
 
 
 class SubmittedIn(Schema):

@@ -186,9 +186,11 @@ def record_intent(
     fencing_token: int | None = None,
     in_flight_seconds: float | None = None,
     trace: tuple[str, str] | None = None,
+    relies_on: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
-    operation, whatever its state (do not send again).
+    operation, whatever its state (do not send again). `relies_on`: fact versions named by
+    subject, predicate and version, of the operation's tenant.
 
     `submit`: the intent and its submission in one request. An operation (new or found)
     that is planned or safe_to_retry is marked submitted, and `submitted_now` in the
@@ -200,14 +202,16 @@ def record_intent(
     run_obj = access_run(key, run) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
+    tenant = tenant_for(key, tenant)
     if not submit and (fencing_token is not None or in_flight_seconds is not None):
         raise InvalidInput("expected fencing_token and in_flight_seconds only with submit "
                            f"(found submit {submit!r}): mark it submitted to use them")
     op = receipts.record_intent(
-        operation, target, intent, tenant=tenant_for(key, tenant), run=run_obj, step=step,
+        operation, target, intent, tenant=tenant, run=run_obj, step=step,
         idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
         redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
         trace=trace,
+        relies_on=[fact_version(tenant, ref) for ref in relies_on or ()],
     )
     recorded_now = op.recorded_now
     if not submit:
@@ -226,6 +230,19 @@ def record_intent(
             exc.operation_recorded = operation_dict(op)
             raise
     return {**operation_dict(op), "submitted_now": submitted_now}, recorded_now
+
+
+def fact_version(tenant: str, ref: Any) -> Fact:
+    """The fact version {subject, predicate, version} of `tenant`, or NotFound."""
+    if not isinstance(ref, dict) or set(ref) != {"subject", "predicate", "version"}:
+        raise InvalidInput(f"expected each of relies_on to be {{subject, predicate, "
+                           f"version}}, found {ref!r}"[:300])
+    fact = Fact.objects.filter(tenant=tenant, subject=ref["subject"],
+                               predicate=ref["predicate"], version=ref["version"]).first()
+    if fact is None:
+        raise NotFound(f"expected version {ref['version']} of fact {ref['subject']} "
+                       f"{ref['predicate']} in tenant {tenant}, found none"[:500])
+    return fact
 
 
 def mark(

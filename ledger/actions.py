@@ -126,6 +126,7 @@ def action(
     fingerprint_fields: Iterable[str] | None = None,
     in_flight_for=None,
     keep: Iterable[str] | None = None,
+    relies_on: Callable[..., Iterable[Any]] | Iterable[Any] = (),
 ):
     """Make a function's external side effect happen at most once per idempotency key.
 
@@ -150,6 +151,10 @@ def action(
     whose result is checked as the value would be. The wrapper's `.receipt(*args,
     **kwargs)` returns that call's Operation, or None if it was never recorded; it never
     records or sends anything.
+
+    `relies_on`: the fact versions the call was planned on, a list or a function of the
+    call's arguments returning one (`record_intent(relies_on=)`): a call planned on a
+    superseded version raises StaleFact and is not sent.
     """
     # Checked once, where the action is declared: a malformed declaration fails at import.
     check_operation_name(operation)
@@ -184,12 +189,13 @@ def action(
                     intent.update(intent.pop(name))
             check_json(intent, what="intent")
             idem, call, scope = _key_for(operation, key, args, kwargs)
+            relied = relies_on(*args, **kwargs) if callable(relies_on) else relies_on
             op = receipts.record_intent(
                 operation, _per_call(target, args, kwargs),
                 intent, tenant=_per_call(tenant, args, kwargs),
                 run=scope.run if scope else None, step=scope.step_id if scope else None,
                 idempotency_key=idem, call=call, fingerprint_fields=fields,
-                redact=redact_paths, retry_policy=retry_policy, keep=kept,
+                redact=redact_paths, retry_policy=retry_policy, keep=kept, relies_on=relied,
             )
             op._ledger_fencing_token = scope.fencing_token if scope else None
             return op

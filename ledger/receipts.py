@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import access, approvals, conf, rows, runs, states, tracing, transitions
+from ledger import access, approvals, conf, facts, rows, runs, states, tracing, transitions
 from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.canonical import keep as keep_fields
 from ledger.errors import (
@@ -45,7 +45,8 @@ from ledger.inputs import (
     describe_exception,
     storable_text,
 )
-from ledger.models import Operation, ResolutionProposal, Run, Step
+from ledger.models import Fact, Operation, ResolutionProposal, Run, Step
+from ledger.models.execution import FactStatus
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import RetryPolicy, State
@@ -103,6 +104,7 @@ def record_intent(
     call: str | None = None,
     keep: Iterable[str] | None = None,
     trace: tuple[str, str] | None = None,
+    relies_on: Iterable[Fact] = (),
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
 
@@ -121,6 +123,12 @@ def record_intent(
     the intent are stored and fingerprinted; the rest never reach the database. Secrets
     (keys naming them at any depth, the dotted `redact` paths, and credentials in text:
     `canonical.scrub_text`) are replaced before anything is written, kept fields included.
+
+    `relies_on` (saved Fact versions, e.g. from `facts.read_facts`): the facts the action
+    was planned on. Each must be current now (StaleFact, nothing written); the versions
+    are stored, and `mark_submitted` refuses to send once one of them is superseded
+    (PostgreSQL too). A replay of the key returns the receipt with the versions it
+    recorded first.
 
     With the same (tenant, operation, key) and the same fingerprint it returns the existing
     operation, whatever its state: the caller must not send again. Same key, other
@@ -143,6 +151,7 @@ def record_intent(
             f"expected intent to be a JSON object (a dict), found {type(intent).__name__}"
         )
     check_json(intent, what="intent")
+    relied = _relied_on(relies_on, tenant)
     if kept is not None:
         intent = keep_fields(intent, kept)
     stored_intent = _redact_intent(intent, redact_paths)
@@ -183,6 +192,7 @@ def record_intent(
                 retry_policy=retry_policy,
                 run=run_obj,
                 step=step_obj,
+                relies_on=relied,
                 created_at=now,
                 state_changed_at=now,
             )
@@ -201,6 +211,39 @@ def record_intent(
                 existing=existing,
             )
         return existing
+
+
+def _relied_on(relies_on: Any, tenant: str) -> list[int]:
+    """The ids of the fact versions an action relies on, each checked current (StaleFact)."""
+    if isinstance(relies_on, Fact | str | bytes | Mapping) or not isinstance(relies_on,
+                                                                             Iterable):
+        raise InvalidInput(f"expected relies_on to be a list of facts, found "
+                           f"{type(relies_on).__name__}")
+    relied = list(relies_on)
+    for fact in relied:
+        if not isinstance(fact, Fact) or fact.pk is None:
+            raise InvalidInput(f"expected relies_on to hold saved Fact versions (as "
+                               f"facts.read_facts returns them), found {fact!r}")
+        if fact.tenant != tenant:
+            raise InvalidInput(f"expected the facts an operation of tenant {tenant!r} relies "
+                               f"on to be of that tenant, found {fact.subject} "
+                               f"{fact.predicate} of {fact.tenant!r}")
+    stale = _first_stale([fact.pk for fact in relied])
+    if stale is not None:
+        facts.require_current(stale)  # raises StaleFact, naming the current version
+    return sorted({fact.pk for fact in relied})
+
+
+def _first_stale(ids: list[int]) -> Fact | None:
+    """The first of the fact versions `ids` that is no longer current (or None)."""
+    if not ids:
+        return None
+    current = set(Fact.objects.filter(pk__in=ids, status=FactStatus.CURRENT)
+                  .values_list("pk", flat=True))
+    missing = sorted(set(ids) - current)
+    if not missing:
+        return None
+    return Fact.objects.filter(pk=missing[0]).first() or Fact(pk=missing[0])
 
 
 def _derived_key(run: Run, step: Step, call: str | None) -> str:
@@ -270,6 +313,8 @@ def mark_submitted(
 ) -> Operation:
     """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
 
+    StaleFact (`.current`) once a fact version the operation relies on (`record_intent(
+    relies_on=)`) is superseded: it was planned on what is no longer true; nothing written.
     DependencyNotMet (`.missing`) while a step the operation's step depends on is not
     committed: no effect of `ship` before `charge` is done. On a leased run,
     StaleFencingToken unless `fencing_token` is the lease's current token (so for every
@@ -294,6 +339,9 @@ def mark_submitted(
     flags the operation `duplicate` if an earlier attempt's request landed after all.
     """
     _check_mark(op, fencing_token, expected_version, actor)
+    stale = _first_stale(list(op.relies_on or ()))
+    if stale is not None:
+        facts.require_current(stale)  # StaleFact naming the current version; nothing written
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))

@@ -42,8 +42,10 @@ from ledger.models import (
     Step,
     StepState,
 )
+from ledger.models.execution import FactStatus
 from ledger.selectors.approvals import gate
 from ledger.selectors.runs import run_records
+from ledger.states import State
 
 DEFAULT_RESUME_TTL = timedelta(minutes=5)
 
@@ -238,7 +240,10 @@ class Resume:
     from `hand_off`). `open_operations` are the run's non-terminal operations;
     `pending_obligations` its open obligations; `facts` the current version of every
     (subject, predicate) the run wrote, with provenance (`Fact.provenance`);
-    `open_conflicts` the conflicts its own writes opened and a person has not decided.
+    `open_conflicts` the conflicts its own writes opened and a person has not decided;
+    `blocked_by_stale_facts` the open operations not yet sent (planned, safe_to_retry)
+    that rely on a fact version since superseded (`record_intent(relies_on=)`): they will
+    not be sent as planned; re-read the facts and plan again.
     """
 
     run: Run
@@ -250,6 +255,7 @@ class Resume:
     pending_obligations: tuple[Obligation, ...]
     facts: tuple[Fact, ...]
     open_conflicts: tuple[FactConflict, ...]
+    blocked_by_stale_facts: tuple[Operation, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The view as plain JSON-ready data (times in ISO 8601)."""
@@ -268,6 +274,8 @@ class Resume:
                  c.current.version, "candidate": c.candidate.value,
                  "candidate_source": c.candidate.source} for c in self.open_conflicts
             ],
+            "blocked_by_stale_facts": [_operation_dict(op)
+                                       for op in self.blocked_by_stale_facts],
         }
 
 
@@ -308,7 +316,19 @@ def _view(run: Run, token: int | None, holder: str | None) -> Resume:
         pending_obligations=tuple(records.obligations),
         facts=tuple(records.facts),
         open_conflicts=tuple(records.open_conflicts),
+        blocked_by_stale_facts=_blocked_by_stale_facts(records.operations),
     )
+
+
+def _blocked_by_stale_facts(operations) -> tuple[Operation, ...]:
+    waiting = [op for op in operations
+               if op.state in (State.PLANNED, State.SAFE_TO_RETRY) and op.relies_on]
+    if not waiting:
+        return ()
+    relied = {fact_id for op in waiting for fact_id in op.relies_on}
+    current = set(Fact.objects.filter(pk__in=relied, status=FactStatus.CURRENT)
+                  .values_list("pk", flat=True))
+    return tuple(op for op in waiting if not set(op.relies_on) <= current)
 
 
 def _iso(value) -> str | None:

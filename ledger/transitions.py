@@ -70,12 +70,13 @@ from ledger.errors import (
     DependencyNotMet,
     IllegalTransition,
     InvalidInput,
+    StaleFact,
     StaleFencingToken,
     StaleVersion,
 )
 from ledger.inputs import check_json, check_user, storable
 from ledger.models import Evidence, Operation, OperationEvent
-from ledger.models.operations import DEPENDENCY_HINT, FENCE_HINT, Conflict
+from ledger.models.operations import DEPENDENCY_HINT, FENCE_HINT, STALE_FACT_HINT, Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import ActorKind, State
 
@@ -298,7 +299,8 @@ def _check_reconciler_lease(op: Operation, resource: str) -> None:
 def _refusals() -> Iterator[None]:
     """PostgreSQL's refusals that the ledger names, as its own errors: a reconciler's stale
     token (StaleFencingToken with the current one), a step's operation submitted before
-    its dependencies are committed (DependencyNotMet with the missing steps)."""
+    its dependencies are committed (DependencyNotMet with the missing steps), an operation
+    submitted on a fact version since superseded (StaleFact with the current version)."""
     try:
         yield
     except IntegrityError as exc:
@@ -310,7 +312,21 @@ def _refusals() -> Iterator[None]:
         if hint == DEPENDENCY_HINT:
             raise DependencyNotMet(diag.message_primary,
                                    missing=json.loads(diag.message_detail)) from exc
+        if hint == STALE_FACT_HINT:
+            raise StaleFact(diag.message_primary,
+                            current=_current_of(int(diag.message_detail))) from exc
         raise
+
+
+def _current_of(fact_id: int):
+    """The current version of the fact whose version `fact_id` went stale, or None."""
+    from ledger.models import Fact
+    from ledger.selectors import facts as fact_reads
+
+    stale = Fact.objects.filter(pk=fact_id).first()
+    if stale is None:
+        return None
+    return fact_reads.current_fact(stale.tenant, stale.subject, stale.predicate)
 
 
 def by_denial(op: Operation, *, user, reason: str, expected_version: int | None = None

@@ -77,6 +77,39 @@ _SUBMIT_AFTER_DEPENDENCIES = f"""
     RETURN NEW;
 """
 
+# An action bound to the facts it was planned on (`record_intent(relies_on=)`) is submitted
+# (from planned, or again from safe_to_retry) only while each of those fact versions is
+# still current, and the versions it relies on never change after the receipt is written.
+# The hint names the refusal for ledger.transitions, which raises StaleFact; the detail is
+# the id of the first stale version.
+STALE_FACT_HINT = "stale_fact"
+_SUBMIT_ON_CURRENT_FACTS = f"""
+    IF NEW.relies_on IS DISTINCT FROM OLD.relies_on THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected the fact versions it relies on to stay '
+                             '%s, found them changed to %s', NEW.operation_id,
+                             OLD.relies_on, NEW.relies_on);
+    END IF;
+    SELECT string_agg(COALESCE(f.subject || ' ' || f.predicate || ' version '
+                               || COALESCE(f.version::text, '(candidate)') || ' ' || f.status,
+                               'fact ' || r.id_text || ' (gone)'), ', '
+                      ORDER BY r.id_text::bigint),
+           min(r.id_text::bigint)::text
+      INTO stale, stale_id
+      FROM jsonb_array_elements_text(NEW.relies_on) AS r(id_text)
+      LEFT JOIN ledger_fact f ON f.id = r.id_text::bigint
+     WHERE f.id IS NULL OR f.status <> 'current';
+    IF stale IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected every fact version operation %s (%s) relies on to be '
+                             'current when it is submitted, found %s', NEW.operation_id,
+                             NEW.operation, stale),
+            DETAIL = stale_id,
+            HINT = '{STALE_FACT_HINT}';
+    END IF;
+    RETURN NEW;
+"""
+
 # A reconciler's change (a claim, a verdict, a re-read's finding) is fenced by its lease
 # `reconcile:<operation_id>`: the event must carry that lease's current token, so a worker
 # whose lease was taken over cannot record anything, whatever statement it sends. The lease
@@ -295,6 +328,11 @@ class Operation(models.Model):
     # the desk links the receipt to its trace through LEDGER_TRACE_URL.
     trace_id = models.CharField(max_length=32, blank=True, default="", db_default="")
     span_id = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # The fact versions (Fact ids) the action was planned on (`record_intent(relies_on=)`):
+    # it is not submitted once one of them is superseded. Set when the receipt is written,
+    # never changed (PostgreSQL: operation_submit_on_current_facts).
+    relies_on = models.JSONField(default=list, blank=True,
+                                 db_default=models.Value([], models.JSONField()))
 
     objects = OperationQuerySet.as_manager()
 
@@ -422,6 +460,20 @@ class Operation(models.Model):
                 ),
                 declare=[("missing", "text"), ("missing_ids", "text")],
                 func=_SUBMIT_AFTER_DEPENDENCIES,
+            ),
+            # Only rows that rely on facts pay for it (the condition), and only as they are
+            # submitted, or if someone tries to change what they relied on.
+            Trigger(
+                name="operation_submit_on_current_facts",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition(
+                    "NEW.relies_on IS DISTINCT FROM OLD.relies_on OR ("
+                    f"NEW.state = '{State.SUBMITTED}' AND OLD.state <> '{State.SUBMITTED}' "
+                    "AND NEW.relies_on <> '[]'::jsonb)"
+                ),
+                declare=[("stale", "text"), ("stale_id", "text")],
+                func=_SUBMIT_ON_CURRENT_FACTS,
             ),
         ]
 

@@ -19,6 +19,7 @@ from ledger import access, states
 from ledger.models import (
     Claim,
     Evidence,
+    Fact,
     Operation,
     OperationEvent,
     OperationNote,
@@ -315,6 +316,8 @@ class OperationDetail:
     can_note: bool = False
     # Waiting on people (a decision, a conflict flag, an approval): claims mean something.
     is_open: bool = False
+    # The fact versions it was planned on (`record_intent(relies_on=)`), as they are now.
+    relied_on: list[Fact] = field(default_factory=list)
 
     @property
     def timeline(self) -> list[tuple[str, object]]:
@@ -348,7 +351,15 @@ def operation_detail(user, operation_id: str, *, now: datetime | None = None) ->
         can_claim=is_open and can_claim(op, user),
         can_note=can_claim(op, user),
         is_open=is_open,
+        relied_on=relied_on(op),
     )
+
+
+def relied_on(op: Operation) -> list:
+    """The fact versions `op` relies on, oldest first; no query when it relies on none."""
+    if not op.relies_on:
+        return []
+    return list(Fact.objects.filter(pk__in=op.relies_on).order_by("id"))
 
 
 def can_claim(op: Operation, user) -> bool:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from ledger import access, leases
-from ledger.models import AgentKey, Operation, OperationEvent
+from ledger.models import AgentKey, Fact, Operation, OperationEvent
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -413,3 +413,25 @@ def test_keep_stores_only_the_listed_fields_and_the_rest_never_reaches_the_datab
         OperationEvent.objects.filter(operation=stored).values()), default=str)
     refused = record(agent, idempotency_key="keep-2", keep="to")
     assert_problem(refused, 422)
+
+
+def test_relies_on_binds_the_operation_to_fact_versions_and_a_stale_one_refuses_the_send(
+        make_key, client_for):
+    agent = client_for(make_key("facts-bot"))
+    fact = agent.post("/api/v1/facts", json={"subject": "order:5", "predicate": "status",
+                                             "value": "paid"})
+    assert fact.status_code in (200, 201), fact.text
+    created = record(agent, idempotency_key="ship-5", relies_on=[
+        {"subject": "order:5", "predicate": "status", "version": 1}])
+    assert created.status_code == 201, created.text
+    assert Operation.objects.get(idempotency_key="ship-5").relies_on == [
+        Fact.objects.get(subject="order:5").pk]
+    newer = agent.post("/api/v1/facts", json={"subject": "order:5", "predicate": "status",
+                                              "value": "refunded", "expected_version": 1})
+    assert newer.status_code in (200, 201), newer.text
+    refused = agent.post(f"/api/v1/operations/{created.json()['operation_id']}/submitted",
+                         json={})
+    assert_problem(refused, 409, detail_has="order:5 status")
+    missing = record(agent, idempotency_key="ship-6", relies_on=[
+        {"subject": "order:5", "predicate": "status", "version": 9}])
+    assert_problem(missing, 404)
