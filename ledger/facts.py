@@ -65,8 +65,10 @@ def assert_fact(
     this value (nothing new is recorded); or, when the value differs and
     `expected_version` is not the current version, the candidate kept in a new
     `FactConflict` (`fact.is_candidate`, `fact.conflict`). Secret-named keys in `value`
-    are redacted before anything is written. With `fencing_token`, the write is refused
-    (StaleFencingToken) unless it is the current token of the run's lease. Raises
+    are redacted before anything is written. For a `run` that has been leased
+    (`runs.resume`), the write is refused (StaleFencingToken, nothing written) unless
+    `fencing_token` is the current token of its lease; a token given for a run never
+    leased is refused too. Raises
     StaleFact when `expected_version` names a version of a key that has no fact yet, and
     InvalidInput (writing nothing) on bad input.
     """
@@ -89,7 +91,9 @@ def assert_fact(
         observed_at=observed_at or timezone.now(), run=run_obj,
     )
     with transaction.atomic(durable=True):
-        if fencing_token is not None:
+        if run_obj is not None:
+            # A leased run is always fenced: without its current token, or with an older
+            # one, StaleFencingToken and nothing written (as for its operations and steps).
             leases.check_run(run_obj.pk, fencing_token)
         return _write(new, expected_version)
 

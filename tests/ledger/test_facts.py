@@ -440,3 +440,23 @@ def test_an_observation_from_the_future_is_refused_and_writes_nothing(settings):
     # A real observation afterwards is the current version, not a candidate.
     fact = status("paid", observed_at=timezone.now() + timedelta(seconds=30))
     assert fact.version == 1 and not fact.is_candidate
+
+
+@pytest.mark.django_db
+def test_a_fact_of_a_leased_run_without_the_current_token_is_refused_and_nothing_written():
+    from ledger.errors import StaleFencingToken
+
+    run = runs.start("fenced facts", run_id="run-fenced-facts")
+    facts.assert_fact("order:1", "status", "paid", source="a", run=run)  # never leased yet
+    first = runs.resume(run.run_id, worker="w1")
+    with pytest.raises(StaleFencingToken):
+        facts.assert_fact("order:1", "status", "late", source="a", run=run,
+                          expected_version=1)
+    second = runs.resume(run.run_id, worker="w1")
+    with pytest.raises(StaleFencingToken):
+        facts.assert_fact("order:1", "status", "late", source="a", run=run,
+                          expected_version=1, fencing_token=first.token)
+    assert Fact.objects.filter(subject="order:1").count() == 1
+    fact = facts.assert_fact("order:1", "status", "late", source="a", run=run,
+                             expected_version=1, fencing_token=second.token)
+    assert fact.version == 2
