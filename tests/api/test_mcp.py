@@ -207,3 +207,26 @@ def test_record_intent_with_keep_stores_only_the_listed_fields(make_key):
     assert Operation.objects.get().intent == {"to": "ada@example.com"}
     assert "UnkeptMcpBodyQ9" not in json.dumps(list(OperationEvent.objects.values()),
                                                 default=str)
+
+
+def test_record_intent_relying_on_a_fact_is_not_submitted_once_it_is_superseded(make_key):
+    secret = make_key("relies-mcp-bot")
+
+    async def main():
+        async with stdio(secret) as client:
+            await client.call_tool("state_assert_fact", {
+                "subject": "order:77", "predicate": "status", "value": "paid"})
+            recorded = await client.call_tool("ledger_record_intent", {
+                "operation": "parcels.ship", "target": "https://carrier.example",
+                "intent": {"order": 77}, "idempotency_key": "ship-77",
+                "relies_on": [{"subject": "order:77", "predicate": "status", "version": 1}]})
+            assert not recorded.is_error, recorded.content
+            await client.call_tool("state_assert_fact", {
+                "subject": "order:77", "predicate": "status", "value": "refunded",
+                "expected_version": 1})
+            return await client.call_tool("ledger_mark_submitted", {
+                "operation_id": recorded.structured_content["operation"]["operation_id"]})
+
+    refused = anyio.run(main)
+    assert refused.is_error and "StaleFact" in refused.content[0].text
+    assert Operation.objects.get().state == "planned"
