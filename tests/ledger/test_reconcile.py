@@ -479,16 +479,6 @@ def test_the_reconcile_loop_stops_cleanly_on_sigterm():
     assert "reconcile: stopped" in out
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_reconciler_example_in_the_readme_runs():
-    from tests.test_readme import readme_block
-
-    child = spawn(readme_block("## Writing a reconciler"))
-    out, err = child.communicate(timeout=120)
-    assert child.returncode == 0, err
-    assert "succeeded msg-1@ada@example.com found" in out
-
-
 @pytest.mark.django_db
 def test_several_matching_effects_flag_the_operation_until_a_person_decides(reviewer):
     from ledger.models.operations import Conflict
