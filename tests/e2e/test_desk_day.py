@@ -97,6 +97,8 @@ def test_ctrl_enter_without_a_chosen_decision_asks_for_one(browser_page):
 
 
 def test_a_fragment_finds_the_operation_and_a_saved_view_brings_the_filter_back(browser_page):
+    from playwright.sync_api import expect
+
     page = browser_page
     UserFactory(username="reviewer", role="reviewer")
     UserFactory(username="colleague", role="reviewer")
@@ -107,15 +109,16 @@ def test_a_fragment_finds_the_operation_and_a_saved_view_brings_the_filter_back(
     page.keyboard.type(wanted.operation_id[-10:])
     page.keyboard.press("Enter")
     page.wait_for_url("**q=**")
-    page.locator("#results table.queue tbody tr").first.wait_for()
-    assert page.locator("#results table.queue tbody tr").count() == 1
-    assert wanted.operation_id in page.locator("#results").inner_text()
+    # the URL moves with the swap: wait for the rows themselves
+    expect(page.locator("#results table.queue tbody tr")).to_have_count(1)
+    expect(page.locator("#results")).to_contain_text(wanted.operation_id)
 
     page.goto("/?state=outcome_unknown&age=15m")
-    page.locator("#saved-views summary").click()
+    page.locator("#saved-views summary").click()  # the menu loads after the page
     page.fill("#saved-views input[name=name]", "Unknown for a while")
     page.click("#saved-views button[type=submit]")
     page.locator("text=Saved the view").wait_for()
+    expect(page.locator("#saved-views a[data-saved-view='Unknown for a while']")).to_have_count(1)
 
     page.context.clear_cookies()
     log_in(page, "colleague")
