@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reset test docs install migrate roles lint bench serve db-stop clean
+.PHONY: demo demo-reset test test-ts docs install migrate roles lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -62,6 +62,15 @@ test: install
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The TypeScript client (clients/typescript): `npm ci` (no dependencies: offline) and its
+# tests under node's test runner against a real server of this tree, on a database of their
+# own (DATABASE_URL's server, else the embedded one). Skipped, and said so, without node.
+test-ts: install
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+		cd clients/typescript && npm ci --no-audit --no-fund --offline \
+		&& LEDGER_PYTHON=$(abspath $(PY)) npm test; \
+	else echo "!! node/npm not found: skipped the TypeScript client's tests (clients/typescript)"; fi
 
 lint: install
 	$(VENV)/bin/ruff check .
