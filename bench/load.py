@@ -49,7 +49,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -64,7 +63,7 @@ SIMULATED_ARTICLES = "demo.simulated.articles"
 
 AGENTS = 20
 REVIEWERS = 5
-WEB_WORKERS = 4
+WEB_WORKERS = None  # gunicorn.conf.py's own default, what `make serve` runs
 RECONCILERS = 2
 FAULTS = (("drop_response", 0.04), ("lose_request", 0.04))
 TENANT = "default"
@@ -120,13 +119,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_web(port: int, static_root: Path, log, workers: int) -> subprocess.Popen:
+def start_web(port: int, static_root: Path, log, workers: int | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "LEDGER_DATABASE_NAME"}
     env.update(DJANGO_ENV="production", DJANGO_SECRET_KEY="load-test-" + "k3y-" * 12,
                DJANGO_ALLOWED_HOSTS="127.0.0.1", DJANGO_SECURE_SSL_REDIRECT="0",
                DATABASE_URL=database_url(), LEDGER_STATIC_ROOT=str(static_root),
-               GUNICORN_BIND=f"127.0.0.1:{port}", GUNICORN_WORKERS=str(workers),
-               GUNICORN_ACCESS_LOG="/dev/null", PYTHONUNBUFFERED="1")
+               GUNICORN_BIND=f"127.0.0.1:{port}", GUNICORN_ACCESS_LOG="/dev/null",
+               PYTHONUNBUFFERED="1")
+    if workers is not None:
+        env["GUNICORN_WORKERS"] = str(workers)
+    else:
+        env.pop("GUNICORN_WORKERS", None)
     done = subprocess.run([sys.executable, "manage.py", "collectstatic", "--no-input", "-v", "0"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode:
@@ -176,33 +179,35 @@ def stop(proc: subprocess.Popen) -> None:
 class InProcessLedger:
     """How an even agent reaches the ledger: the Python API over the ORM.
 
-    Agents only use `record`, `send` and `close` (and read `.state` and `.idempotency_key`
-    of what `record` returns), so `HttpLedger` takes the odd ones without changing
-    `agent_loop`.
+    Agents only call `run` (one lifecycle: record the intent, submit, send, record the
+    answer; the state reached, or None) and `look` (an operation's state by its key), so
+    `HttpLedger` takes the odd ones without changing `agent_loop`.
     """
 
     transport = "in process"
 
-    def record(self, key: str, article: dict, target: str):
-        from ledger import receipts
-
-        return receipts.record_intent("articles.create", target, article, tenant=TENANT,
-                                      idempotency_key=key)
-
-    def send(self, op, client, article: dict, fault: str | None) -> str:
-        """Submit, call the service, record the answer; returns the state reached."""
+    def run(self, key: str, article: dict, client, fault: str | None) -> str | None:
         from ledger import receipts
 
         articles = simulated()
+        op = receipts.record_intent("articles.create", client.articles_url, article,
+                                    tenant=TENANT, idempotency_key=key)
         try:
             with receipts.submit(op, rejections=(articles.ArticleRejected,)) as attempt:
                 answer = client.create(title=article["title"], body=article["body"],
-                                       idempotency_key=op.idempotency_key, fault=fault)
+                                       idempotency_key=key, fault=fault)
                 attempt.succeeded(external_id=answer["id"])
         except (articles.ArticleRejected, OSError, http.client.HTTPException,
                 articles.ServiceError):
             pass  # the receipt says rejected or outcome_unknown; nothing is resent blindly
         return attempt.op.state
+
+    def look(self, key: str, article: dict, client) -> str | None:
+        from ledger.models import Operation
+
+        return (Operation.objects.filter(tenant=TENANT, operation="articles.create",
+                                         idempotency_key=key)
+                .values_list("state", flat=True).first())
 
     def close(self) -> None:
         from django.db import connections
@@ -210,33 +215,9 @@ class InProcessLedger:
         connections.close_all()
 
 
-@dataclass(frozen=True)
-class Receipt:
-    """What the HTTP API answered about an operation: all an HTTP agent goes on."""
-
-    operation_id: str
-    idempotency_key: str
-    state: str
-    version: int
-
-    @classmethod
-    def from_json(cls, data: dict) -> Receipt:
-        return cls(data["operation_id"], data["idempotency_key"], data["state"],
-                   data["version"])
-
-
-class ApiError(Exception):
-    """The HTTP API answered a problem (problem+json), or could not be reached twice."""
-
-    def __init__(self, kind: str, detail: str, problem: dict | None = None, *,
-                 retried: bool = False):
-        super().__init__(f"{kind}: {detail}")
-        self.kind, self.detail, self.problem, self.retried = kind, detail, problem or {}, retried
-
-
 class ApiErrors:
-    """The HTTP API's errors the agents met, by kind ("409 stale-version", "transport");
-    shared by the HTTP agents' threads."""
+    """The HTTP API's errors the agents met, by kind ("409 stale-version", "transport"),
+    and the requests they made; shared by the HTTP agents' threads."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -259,117 +240,108 @@ class ApiErrors:
         return sum(self.counts.values())
 
 
-class HttpLedger:
-    """How an odd agent reaches the ledger: the HTTP API of the gunicorn server under test.
+def counting_transport(errors: ApiErrors):
+    """httpx's own transport (its keep-alive pool) that counts each request and each
+    transport failure in `errors`, and says it came through a TLS-terminating proxy
+    (X-Forwarded-Proto), as an agent behind one would."""
+    import httpx
 
-    One keep-alive connection per agent (httpx), `Authorization: Bearer` with the run's
-    agent key, as a client behind a TLS-terminating proxy. Every mark carries the version
-    the agent last saw (`expected_version`), so a request repeated after a transport
-    failure cannot apply twice: the intent replays (200, the same operation) and a repeated
-    mark gets 409 stale-version naming the state the first one reached. An API error is
-    counted in `errors` and leaves the operation where the ledger has it: nothing is sent
-    to the service unless `submitted` was recorded, a send that times out or is cut is
-    marked outcome_unknown (never "failed"), and the agent goes on to its next operation.
+    class Counting(httpx.HTTPTransport):
+        def handle_request(self, request):
+            errors.requested()
+            request.headers["X-Forwarded-Proto"] = "https"
+            try:
+                return super().handle_request(request)
+            except httpx.TransportError as exc:
+                errors.add("transport", f"{type(exc).__name__}: {exc}")
+                raise
+
+    return Counting()
+
+
+class HttpLedger:
+    """How an odd agent reaches the ledger: `ledger_client` (clients/python), as an agent
+    outside this project would, against the gunicorn server under test.
+
+    One `ledger_client.Ledger` per agent (one httpx.Client, its keep-alive connections)
+    with the run's agent key; the send is an `@ledger.action`: the intent and its
+    submission in one request (`"submit": true`), the call, then its outcome with the
+    version the intent answered (`expected_version`): two requests a lifecycle. The client
+    never sends unless the ledger recorded the submission, marks a send that timed out or
+    was cut outcome_unknown (never "failed"), and records an outcome whose answer was lost
+    again until it finds it landed. A ledger error is counted in `errors` by status and
+    problem type and leaves the operation where the ledger has it; the agent goes on.
     """
 
     transport = "http"
 
     def __init__(self, base_url: str, secret: str, errors: ApiErrors):
-        import httpx
+        from ledger_client import Ledger
 
         self.errors = errors
-        self.http = httpx.Client(base_url=base_url, timeout=30.0, headers={
-            "Authorization": f"Bearer {secret}", "X-Forwarded-Proto": "https"})
+        self.ledger = Ledger(base_url, key=secret, tenant=TENANT, timeout=30.0,
+                             transport=counting_transport(errors))
+        self._actions: dict[str, object] = {}
 
-    def record(self, key: str, article: dict, target: str) -> Receipt | None:
-        """The operation (new, or the existing one for this key: its state says whether to
-        send); None after an error, which is counted."""
-        try:
-            return Receipt.from_json(self._post("/api/v1/operations", {
-                "operation": "articles.create", "target": target, "intent": article,
-                "idempotency_key": key, "tenant": TENANT}, ok=(200, 201)))
-        except ApiError as exc:
-            self.errors.add(exc.kind, exc.detail)
-            return None
+    def run(self, key: str, article: dict, client, fault: str | None) -> str | None:
+        """One lifecycle through the client; the state the agent knows it reached (None:
+        the ledger refused or could not be reached before anything was sent)."""
+        import ledger_client
 
-    def send(self, op: Receipt, client, article: dict, fault: str | None) -> str:
-        """Submit, call the service, record the answer; returns the state the agent knows."""
         articles = simulated()
         try:
-            op = self._mark(op, "submitted", {})
-        except ApiError as exc:
-            self.errors.add(exc.kind, exc.detail)
-            return op.state  # not submitted, so not sent
-        try:
-            answer = client.create(title=article["title"], body=article["body"],
-                                   idempotency_key=op.idempotency_key, fault=fault)
-        except articles.ArticleRejected as exc:
-            outcome, body = "rejected", {"error_code": f"http_{exc.status}",
-                                         "detail": str(exc)}
+            self._action(client)(article["title"], article["body"], key=key, fault=fault)
+            return "succeeded"
+        except articles.ArticleRejected:
+            return "rejected"  # the client recorded it rejected, then re-raised
         except (OSError, http.client.HTTPException, articles.ServiceError) as exc:
-            # Timeouts are OSErrors: the request may have landed, so the outcome is unknown.
-            outcome, body = "outcome-unknown", {"error_code": type(exc).__name__,
-                                                "detail": str(exc)[:500]}
-        else:
-            outcome, body = "succeeded", {"external_id": answer["id"]}
+            if getattr(exc, "__notes__", None):  # the client could not record the outcome
+                self.errors.add("outcome not recorded", exc.__notes__[-1])
+                return "submitted"
+            return "outcome_unknown"  # a timeout or a cut: the request may have landed
+        except ledger_client.OutcomeNotRecorded as exc:
+            self._count(exc)
+            return "submitted"  # sent; the ledger's sweep hands it to reconciliation
+        except ledger_client.LedgerError as exc:
+            self._count(exc)
+            return exc.operation.state if exc.operation is not None else None
+
+    def look(self, key: str, article: dict, client) -> str | None:
+        """The state of the key's operation (a read: records nothing), None after an error."""
+        import ledger_client
+
         try:
-            op = self._mark(op, outcome, body)
-        except ApiError as exc:
-            # It stays submitted: the reconcilers' sweep of stale submissions takes it.
-            self.errors.add(exc.kind, exc.detail)
-        return op.state
+            receipt = self._action(client).receipt(article["title"], article["body"], key=key)
+        except ledger_client.LedgerError as exc:
+            self._count(exc)
+            return None
+        return receipt.state if receipt is not None else None
 
     def close(self) -> None:
-        self.http.close()
+        self.ledger.close()
 
-    def _mark(self, op: Receipt, outcome: str, body: dict) -> Receipt:
-        reached = outcome.replace("-", "_")
-        try:
-            return Receipt.from_json(self._post(
-                f"/api/v1/operations/{op.operation_id}/{outcome}",
-                {**body, "expected_version": op.version}))
-        except ApiError as exc:
-            # Refused when sent again after a transport failure: if the first try landed
-            # and only its answer was lost, the ledger is where we asked, one version on.
-            if exc.retried and exc.kind.startswith("409"):
-                current = Receipt.from_json(self._get(f"/api/v1/operations/{op.operation_id}"))
-                if (current.state, current.version) == (reached, op.version + 1):
-                    return current
-            raise
+    def _action(self, client):
+        """The agent's action against the service behind `client`: only title and body
+        leave the process as the intent (`keep`); the key and the fault do not."""
+        action = self._actions.get(client.articles_url)
+        if action is None:
+            articles = simulated()
 
-    def _get(self, path: str) -> dict:
-        return self._request("GET", path, None)
+            @self.ledger.action("articles.create", target=client.articles_url,
+                                key=lambda *args, key, **kwargs: key, keep=["title", "body"],
+                                rejections=(articles.ArticleRejected,),
+                                external_id=lambda answer: answer["id"])
+            def create_article(title: str, body: str, *, key: str, fault: str | None = None):
+                return client.create(title=title, body=body, idempotency_key=key, fault=fault)
 
-    def _post(self, path: str, body: dict, *, ok: tuple[int, ...] = (200,)) -> dict:
-        return self._request("POST", path, body, ok=ok)
+            action = self._actions[client.articles_url] = create_article
+        return action
 
-    def _request(self, method: str, path: str, body: dict | None, *,
-                 ok: tuple[int, ...] = (200,)) -> dict:
-        """The answer's JSON, or ApiError. A transport failure (a connection the server
-        closed, a worker recycled) is counted and the request sent once more: each request
-        here is safe to repeat."""
-        import httpx
-
-        retried = False
-        while True:
-            self.errors.requested()
-            try:
-                response = self.http.request(method, path, json=body)
-                break
-            except httpx.TransportError as exc:
-                if retried:
-                    raise ApiError("transport", f"{type(exc).__name__}: {exc}",
-                                   retried=True) from None
-                self.errors.add("transport, sent again", f"{type(exc).__name__}: {exc}")
-                retried = True
-        if response.status_code in ok:
-            return response.json()
-        problem = {}
-        if response.headers.get("content-type", "").startswith("application/problem+json"):
-            problem = response.json()
-        kind = f"{response.status_code} {problem.get('type', 'not-a-problem').rsplit(':', 1)[-1]}"
-        raise ApiError(kind, problem.get("detail") or response.text[:200], problem,
-                       retried=retried)
+    def _count(self, exc) -> None:
+        problem = getattr(exc, "problem", None) or {}
+        slug = str(problem.get("type", "")).rsplit(":", 1)[-1] or type(exc).__name__
+        status = getattr(exc, "status", None)
+        self.errors.add(f"{status} {slug}" if status else slug, str(exc))
 
 
 def transport_for(agent_index: int, api: tuple[str, str, ApiErrors] | None):
@@ -401,21 +373,18 @@ def agent_loop(index: int, ledger, service_url: str, deadline: float, limit: int
             fault = _fault(rng)
             sent += 1
             started = time.perf_counter()
-            op = ledger.record(key, article, client.articles_url)
-            if op is None:
+            state = ledger.run(key, article, client, fault)
+            if state is None:
                 continue  # the API refused or was unreachable: counted; next operation
-            state = ledger.send(op, client, article, fault)
             stats.lifecycle(time.perf_counter() - started, key, state)
             if state == State.OUTCOME_UNKNOWN:
                 waiting[key] = article
             for key in list(waiting)[:3]:  # look again at a few waiting ones each round
-                op = ledger.record(key, waiting[key], client.articles_url)
-                if op is None:
-                    continue
-                if op.state == State.SAFE_TO_RETRY:
+                state = ledger.look(key, waiting[key], client)
+                if state == State.SAFE_TO_RETRY:
                     stats.resent()
-                    stats.saw(key, ledger.send(op, client, waiting.pop(key), None))
-                elif op.state in (State.SUCCEEDED, State.MANUAL_REVIEW, State.ABANDONED):
+                    stats.saw(key, ledger.run(key, waiting.pop(key), client, None))
+                elif state in (State.SUCCEEDED, State.MANUAL_REVIEW, State.ABANDONED):
                     waiting.pop(key)
     finally:
         ledger.close()
@@ -648,7 +617,9 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=AGENTS,
                         help="agents (threads); the odd ones go over the HTTP API")
     parser.add_argument("--reviewers", type=int, default=REVIEWERS)
-    parser.add_argument("--web-workers", type=int, default=WEB_WORKERS)
+    parser.add_argument("--web-workers", type=int, default=WEB_WORKERS,
+                        help="gunicorn workers (default: config/gunicorn.conf.py's, as "
+                             "`make serve` runs)")
     parser.add_argument("--summary", type=Path, default=None,
                         help="write the summary as JSON here instead of into "
                              "bench/results/latest.json")
@@ -656,7 +627,8 @@ def main() -> int:
     if not 0 < args.seconds <= 600 or not 0 < args.operations <= 10_000:
         raise SystemExit("expected 0 < --seconds <= 600 and 0 < --operations <= 10000")
     if not (1 <= args.agents <= 50 and 0 <= args.reviewers <= 20
-            and 1 <= args.web_workers <= 8 and 0 <= args.drain <= 600):
+            and (args.web_workers is None or 1 <= args.web_workers <= 8)
+            and 0 <= args.drain <= 600):
         raise SystemExit("expected 1 <= --agents <= 50, 0 <= --reviewers <= 20, "
                          "1 <= --web-workers <= 8 and 0 <= --drain <= 600")
 
@@ -688,7 +660,7 @@ def main() -> int:
         http_agents = args.agents // 2
         print(f"load: {args.agents} agents ({args.agents - http_agents} in process, "
               f"{http_agents} over HTTP), {args.reviewers} reviewers, gunicorn "
-              f"x{args.web_workers} on :{port}, {RECONCILERS} reconcilers; up to "
+              f"x{args.web_workers or 'default'} on :{port}, {RECONCILERS} reconcilers; up to "
               f"{args.seconds:.0f} s (logs in {workdir})", flush=True)
 
         stats = {transport: AgentStats(transport) for transport in ("in process", "http")}
@@ -701,6 +673,7 @@ def main() -> int:
             Reviewer(port, f"load-reviewer-{i}"), stop_reviewers, pages, page_errors))
             for i in range(args.reviewers)]
         ledgers = [transport_for(i, api) for i in range(args.agents)]
+        load_before = os.getloadavg()[0]
         started = time.monotonic()
         deadline = started + args.seconds
         agents = [threading.Thread(target=agent_loop, args=(
@@ -711,6 +684,7 @@ def main() -> int:
         for t in agents:
             t.join()
         elapsed = time.monotonic() - started
+        load_after = os.getloadavg()[0]
         stop_reviewers.set()
         for t in reviewers:
             t.join()
@@ -742,13 +716,23 @@ def main() -> int:
         ("agents", f"{done} operations in {elapsed:.1f} s: {done / elapsed:.1f} operations/s "
                    f"({3 * done / elapsed:.0f} transitions/s)" + _latencies(all_agents)),
     ]
+    # Agents per transport: the even ones in process, the odd ones over HTTP.
+    counts = {"http": args.agents // 2, "in process": args.agents - args.agents // 2}
+    per_agent = {t: len(stat.watch.samples) / elapsed / max(counts[t], 1)
+                 for t, stat in stats.items()}
+    ratio = per_agent["http"] / per_agent["in process"] if per_agent["in process"] else None
     for transport, stat in stats.items():
         n = len(stat.watch.samples)
-        rows.append((f"  {transport}", f"{n} operations: {n / elapsed:.1f} operations/s"
+        rows.append((f"  {transport}", f"{n} operations by {counts[transport]} agents: "
+                                       f"{n / elapsed:.1f} operations/s, "
+                                       f"{per_agent[transport]:.2f} per agent"
                                        + _latencies(stat.watch)))
         rows.append((f"  {transport} outcomes when sent",
                      ", ".join(f"{s} {c}" for s, c in stat.states.most_common())
                      + f"; resent after proven absent {stat.resends}"))
+    rows.append(("per-agent ratio", (f"HTTP {ratio:.2f}x in process" if ratio is not None
+                                     else "no in-process operations")
+                 + f" (load average {load_before:.1f} before, {load_after:.1f} after)"))
     rows.append(("HTTP API errors",
                  f"{api_errors.total} in {api_errors.requests} requests"
                  + (": " + ", ".join(f"{k} {n}" for k, n in api_errors.counts.most_common())
@@ -780,11 +764,14 @@ def main() -> int:
         "transports": {transport: {
             "operations": len(stat.watch.samples),
             "operations_per_s": len(stat.watch.samples) / elapsed,
+            "agents": counts[transport], "operations_per_s_per_agent": per_agent[transport],
             "lifecycle_p50_ms": stat.watch.median * 1000 if stat.watch.samples else None,
             "lifecycle_p99_ms": (stat.watch.percentile(0.99) * 1000
                                  if stat.watch.samples else None),
             "outcomes": dict(stat.states), "resent": stat.resends,
         } for transport, stat in stats.items()},
+        "per_agent_ratio_http_to_in_process": ratio,
+        "load_average": [load_before, load_after],
         "http_requests": api_errors.requests, "http_errors": dict(api_errors.counts),
         "page_p50_ms": all_pages.median * 1000 if all_pages.samples else None,
         "page_p99_ms": all_pages.percentile(0.99) * 1000 if all_pages.samples else None,
