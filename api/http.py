@@ -17,7 +17,7 @@ from ninja.openapi.docs import Swagger
 from ninja.security import HttpBearer
 from pydantic import Field
 
-from api import problems, service
+from api import gate, problems, service
 from api.schemas import (
     ApprovalRequestIn,
     CommitIn,
@@ -48,8 +48,9 @@ from ledger.errors import LedgerError
 logger = logging.getLogger("ledger.api")
 PROBLEM = "application/problem+json"
 # Every error an endpoint answers (all problem+json): malformed body, no or bad key, tenant
-# not granted, not found, wrong method, refused by the ledger, invalid input.
-ERRORS = {frozenset({400, 401, 403, 404, 405, 409, 422}): Problem}
+# not granted, not found, wrong method, refused by the ledger, body too large, not JSON,
+# invalid input.
+ERRORS = {frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422}): Problem}
 
 
 class AgentKeyAuth(HttpBearer):
@@ -60,8 +61,11 @@ class AgentKeyAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
         # A path naming an operation: the key and that operation in one statement.
         match = request.resolver_match
-        return service.authenticate(
+        key = service.authenticate(
             token, operation_id=match.kwargs.get("operation_id") if match else None)
+        if key is not None:
+            gate.check(request)  # the body's size, type and shape, before ninja parses it
+        return key
 
 
 class ProblemAPI(NinjaAPI):
@@ -100,6 +104,11 @@ def problem_response(body: dict, headers: dict | None = None) -> JsonResponse:
 @api.exception_handler(LedgerError)
 def ledger_error(request, exc):
     return problem_response(problems.from_ledger_error(exc))
+
+
+@api.exception_handler(gate.Refused)
+def refused_by_gate(request, exc):
+    return problem_response(exc.problem)
 
 
 @api.exception_handler(ValidationError)

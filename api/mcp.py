@@ -23,8 +23,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 
-from api import problems, service
+from api import gate, problems, service
 from ledger import agent_keys
+from ledger import conf as ledger_conf
 from ledger.errors import LedgerError
 from ledger.models import AgentKey
 
@@ -44,12 +45,12 @@ Text = Annotated[str, Field(min_length=1)]
 OperationId = Annotated[str, Field(description="The operation_id ledger_record_intent returned.")]
 ExpectedVersion = Annotated[
     int | None,
-    Field(default=None, ge=1, le=2**31 - 1,
+    Field(default=None, ge=1, le=2**31 - 1, strict=True,
           description="The operation version you last saw; refused if it moved on since."),
 ]
 FencingToken = Annotated[
     int | None,
-    Field(default=None, ge=0, le=2**63 - 1,
+    Field(default=None, ge=0, le=2**63 - 1, strict=True,
           description="The token run_resume gave you, when you work on a leased run. A "
           "refusal (stale fencing token) means another worker took the run over: stop."),
 ]
@@ -373,19 +374,42 @@ class BearerKeyASGI:
         if scheme.lower() == "bearer" and secret:
             key = await sync_to_async(_authenticate, thread_sensitive=True)(secret.strip())
         if key is None:
-            body = json.dumps(problems.problem(
+            return await _send_problem(send, problems.problem(
                 401, "unauthenticated", "Unauthenticated",
                 "expected an Authorization: Bearer header with a live agent key, found "
                 + ("none" if not header else "a key that is malformed, unknown or revoked"),
-            )).encode()
-            await send({"type": "http.response.start", "status": 401, "headers": [
-                (b"content-type", b"application/problem+json"),
-                (b"www-authenticate", b'Bearer realm="agent-ledger"'),
-                (b"content-length", str(len(body)).encode()),
-            ]})
-            await send({"type": "http.response.body", "body": body})
-            return None
-        return await self.app({**scope, SCOPE_KEY: key}, receive, send)
+            ), (b"www-authenticate", b'Bearer realm="agent-ledger"'))
+        # The body, at most LEDGER_MAX_REQUEST_BYTES (api.gate), read before the SDK sees it.
+        limit = ledger_conf.MAX_REQUEST_BYTES
+        declared = gate.declared_length(dict(scope.get("headers") or ()).get(b"content-length"))
+        if declared is not None and declared > limit:
+            return await _send_problem(send, gate.too_large(declared), (b"connection", b"close"))
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > limit:
+                return await _send_problem(send, gate.too_large(None),
+                                           (b"connection", b"close"))
+            if not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app({**scope, SCOPE_KEY: key}, replay, send)
+
+
+async def _send_problem(send, problem: dict[str, Any], *headers: tuple[bytes, bytes]) -> None:
+    body = json.dumps(problem).encode()
+    await send({"type": "http.response.start", "status": problem["status"], "headers": [
+        (b"content-type", b"application/problem+json"),
+        (b"content-length", str(len(body)).encode()), *headers,
+    ]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _authenticate(secret: str) -> AgentKey | None:

@@ -15,14 +15,20 @@ from pydantic import ConfigDict, Field
 RetryPolicyName = Literal["never", "if_absent_proven"]
 
 
+# Numbers are strict: `true` is not 1 and "2" is not 2 (pydantic's lax mode takes both).
+# Integer bounds are PostgreSQL's: versions are `integer`, fencing tokens `bigint`.
 def _version():
-    return Field(default=None, ge=1, le=2**31 - 1,
+    return Field(default=None, ge=1, le=2**31 - 1, strict=True,
                  description="The version you acted on; 409 if it moved on.")
 
 
 def _token():
-    return Field(default=None, ge=0, le=2**63 - 1,
+    return Field(default=None, ge=0, le=2**63 - 1, strict=True,
                  description="The run lease's fencing token (POST runs/{run_id}/resume).")
+
+
+def _seconds(description: str):
+    return Field(default=None, gt=0, le=86400, strict=True, description=description)
 
 
 
@@ -78,10 +84,8 @@ class RecordIntentIn(Schema):
 class SubmittedIn(Schema):
     expected_version: int | None = _version()
     fencing_token: int | None = _token()
-    in_flight_seconds: float | None = Field(
-        default=None, gt=0, le=86400,
-        description="How long the request may still land after a timeout.",
-    )
+    in_flight_seconds: float | None = _seconds(
+        "How long the request may still land after a timeout.")
 
 
 class SucceededIn(Schema):
@@ -201,8 +205,8 @@ class FactIn(Schema):
     source: str | None = Field(default=None, description="Stored after the key's name.")
     observed_at: datetime | None = None
     expected_version: int | None = Field(
-        default=None, ge=1, le=2**31 - 1, description="The current version you supersede."
-    )
+        default=None, ge=1, le=2**31 - 1, strict=True,
+        description="The current version you supersede.")
     tenant: str | None = None
     run: str | None = None
     fencing_token: int | None = _token()
@@ -247,7 +251,7 @@ class StepOut(Schema):
 
 
 class ResumeIn(Schema):
-    ttl_seconds: float | None = Field(default=None, gt=0, le=86400)
+    ttl_seconds: float | None = _seconds("How long the lease lasts without a renewal.")
     worker: str | None = Field(default=None, max_length=100, description="Which worker of "
                                "the key takes the lease: it is held as <key name>/<worker>.")
 

@@ -8,6 +8,7 @@ serves; Django has no lifespan of its own. Serve it with an ASGI server, e.g.
 
 import logging
 import os
+import tempfile
 
 from django.core.asgi import get_asgi_application
 
@@ -22,9 +23,10 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E4
 from django.db import close_old_connections  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
 
-from api import problems  # noqa: E402
+from api import gate, problems  # noqa: E402
 from api.http import problem_response  # noqa: E402
 from api.mcp import streamable_http_app  # noqa: E402
+from ledger import conf as ledger_conf  # noqa: E402
 
 logger = logging.getLogger("ledger.api")
 
@@ -83,8 +85,14 @@ class APIHandler(ASGIHandler):
         if scope["type"] != "http":
             raise ValueError(f"expected an HTTP connection, found {scope['type']}")
         try:
-            body_file = await self.read_body(receive)
+            body_file = await self.read_limited_body(scope, receive)
         except RequestAborted:
+            return
+        except BodyTooLarge as exc:
+            response = problem_response(gate.too_large(exc.found))
+            response["Connection"] = "close"  # the rest of the body is never read
+            await self.send_headers(response, send)
+            await send({"type": "http.response.body", "body": response.content})
             return
         try:
             response, content = await sync_to_async(
@@ -106,6 +114,34 @@ class APIHandler(ASGIHandler):
             await send({"type": "http.response.body"})
         finally:
             await sync_to_async(response.close, thread_sensitive=False)()
+
+    async def read_limited_body(self, scope, receive):
+        """The body, as Django's `read_body` reads it, but refused (BodyTooLarge) as soon as
+        its declared or received length passes LEDGER_MAX_REQUEST_BYTES: an oversized body
+        is never written to memory or disk whole."""
+        limit = ledger_conf.MAX_REQUEST_BYTES
+        headers = dict(scope.get("headers") or ())
+        declared = gate.declared_length(headers.get(b"content-length"))
+        if declared is not None and declared > limit:
+            raise BodyTooLarge(declared)
+        body_file = tempfile.SpooledTemporaryFile(  # noqa: SIM115 (the caller closes it)
+            max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                body_file.close()
+                raise RequestAborted()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                body_file.close()
+                raise BodyTooLarge(None)
+            body_file.write(chunk)
+            if not message.get("more_body", False):
+                break
+        body_file.seek(0)
+        return body_file
 
     def serve(self, scope, body_file):
         """One request from request_started to request_finished, on the calling thread.
@@ -146,6 +182,12 @@ class APIHandler(ASGIHandler):
             headers.append((b"Set-Cookie", cookie.OutputString().encode("ascii")))
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": headers})
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, found: int | None):
+        super().__init__(found)
+        self.found = found
 
 
 def _problem_for(response):

@@ -30,6 +30,12 @@ SETTINGS: dict[str, Setting] = {
         "Largest intent record_intent stores, in bytes of canonical JSON; more raises "
         "InvalidInput.",
     ),
+    "MAX_REQUEST_BYTES": Setting(
+        1024 * 1024, "positive integer",
+        "Largest request body the agent API and the MCP endpoint take, in bytes; a larger "
+        "one is refused with 413 before it is read whole. Django's DATA_UPLOAD_MAX_MEMORY_SIZE "
+        "(2.5 MB) still bounds it from above.",
+    ),
     "MAX_JSON_DEPTH": Setting(
         64, "positive integer",
         "Deepest nesting of a JSON value the ledger takes (intents, evidence, fact values, "

@@ -32,7 +32,7 @@ from ledger.inputs import (
     check_names,
     check_reason,
     check_run_ref,
-    check_whole_number,
+    check_version,
 )
 from ledger.models import (
     ConflictState,
@@ -76,9 +76,7 @@ def assert_fact(
     source = check_identifier(scrub_text(source), "source", 500)
     check_run_ref(run)
     check_fencing_token(fencing_token)
-    if expected_version is not None:
-        check_whole_number(expected_version, low=1, high=2**63 - 1,
-                           expected="expected_version to be None or a version number >= 1")
+    check_version(expected_version)
     _check_observed_at(observed_at)
     check_json(value, what="value")
     value = redact(value)

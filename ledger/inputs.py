@@ -273,6 +273,21 @@ def check_choice(value: Any, name: str, choices: Iterable[str]) -> str:
     return value
 
 
+# PostgreSQL's integer types: versions are `integer` columns, tokens and ids `bigint`. A
+# number past them would reach the database as an "integer out of range" error.
+PG_INTEGER_MAX = 2**31 - 1
+PG_BIGINT_MAX = 2**63 - 1
+
+
+def check_version(value: Any, name: str = "expected_version") -> int | None:
+    """None, or a version: an int (never a bool) from 1 to PostgreSQL's integer maximum."""
+    if value is None:
+        return None
+    return check_whole_number(value, low=1, high=PG_INTEGER_MAX,
+                              expected=f"{name} to be None or a version from 1 to "
+                              f"{PG_INTEGER_MAX} (a PostgreSQL integer)")
+
+
 def check_whole_number(value: Any, *, low: int, high: int | None = None, expected: str) -> int:
     """An int (never a bool) from `low` to `high`; the refusal reads "expected <expected>,
     found <value>"."""
@@ -351,7 +366,7 @@ def check_fencing_token(value: Any) -> int | None:
     """None, or a fencing token (a positive int, never a bool)."""
     if value is None:
         return None
-    return check_whole_number(value, low=1, high=2**63 - 1,
+    return check_whole_number(value, low=1, high=PG_BIGINT_MAX,
                               expected="fencing_token to be None or a positive integer "
                               "(a bigint)")
 

@@ -31,6 +31,7 @@ from ledger.errors import (
     SecondPersonRequired,
 )
 from ledger.inputs import (
+    PG_BIGINT_MAX,
     check_choice,
     check_duration,
     check_identifier,
@@ -41,6 +42,7 @@ from ledger.inputs import (
     check_reason,
     check_string,
     check_user,
+    check_version,
     check_whole_number,
     describe_exception,
     storable_text,
@@ -262,11 +264,11 @@ def _check_mark(op: Any, fencing_token: Any, expected_version: Any, actor: Any) 
     if not isinstance(op, Operation) or op.pk is None:
         raise InvalidInput(f"expected a saved Operation, found {type(op).__name__}")
     if fencing_token is not None:
-        check_whole_number(fencing_token, low=1, expected="fencing_token to be a positive "
+        check_whole_number(fencing_token, low=1, high=PG_BIGINT_MAX,
+                           expected="fencing_token to be a positive "
                            "integer or None")
     if expected_version is not None:
-        check_whole_number(expected_version, low=1, high=2**63 - 1,
-                           expected="expected_version to be a positive integer or None")
+        check_version(expected_version)
     check_optional_identifier(actor, "actor", 200)
 
 

@@ -74,7 +74,7 @@ from ledger.errors import (
     StaleFencingToken,
     StaleVersion,
 )
-from ledger.inputs import check_json, check_user, storable
+from ledger.inputs import PG_INTEGER_MAX, check_json, check_user, storable
 from ledger.models import Evidence, Operation, OperationEvent
 from ledger.models.operations import DEPENDENCY_HINT, FENCE_HINT, STALE_FACT_HINT, Conflict
 from ledger.prepared import prepared_cursor
@@ -363,6 +363,8 @@ def by_intent_edit(
             from_state=op.state, to_state=State.PLANNED,
         )
     version = op.version if expected_version is None else expected_version
+    if version >= PG_INTEGER_MAX:  # its successor would not fit the integer column
+        raise stale_version_error(op, op.state, version)
     event = _event(op, from_state=State.PLANNED, to_state=State.PLANNED, version=version + 1,
                    actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
                    reason=f"intent edited and approved: {reason}" if reason
@@ -467,6 +469,8 @@ def _apply(
         raise InvalidInput(f"expected a state among {State.values}, found {to_state!r}")
     from_state = op.state
     version = op.version if expected_version is None else expected_version
+    if version >= PG_INTEGER_MAX:  # its successor would not fit the integer column
+        raise stale_version_error(op, from_state, version)
     if not states.is_legal(from_state, to_state):
         raise IllegalTransition(
             f"illegal transition of operation {op.operation_id}: expected {from_state} -> one "
@@ -568,6 +572,8 @@ def _apply_flag(
             from_state=op.state, to_state=op.state,
         )
     version = op.version if expected_version is None else expected_version
+    if version >= PG_INTEGER_MAX:  # its successor would not fit the integer column
+        raise stale_version_error(op, op.state, version)
     now = timezone.now()
     flag = {"from": op.conflict, "to": conflict}
     event = _event(op, from_state=op.state, to_state=op.state, version=version + 1,
