@@ -358,8 +358,8 @@ def list_operations(
                         ("cursor", cursor), ("idempotency_key", idempotency_key)):
         check_optional_identifier(value, name, 200)
     rows = _visible(key, Operation.objects.select_related("run", "step"))
-    if tenant is not None:
-        rows = rows.filter(tenant=tenant)
+    if tenant is not None:  # a tenant the key is not granted is refused, not an empty page
+        rows = rows.filter(tenant=tenant_for(key, tenant))
     if idempotency_key is not None:
         rows = rows.filter(idempotency_key=idempotency_key)
     if state is not None:
