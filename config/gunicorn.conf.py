@@ -2,8 +2,9 @@
 
     gunicorn -c config/gunicorn.conf.py config.asgi:application
 
-ASGI through uvicorn's gunicorn worker: config.asgi routes the whole site (and, beside
-the desk, any ASGI transport mounted there) in one process. Every value can be overridden
+ASGI through uvicorn's gunicorn worker (config.workers: one that drains when it stops):
+config.asgi routes the whole site (and, beside the desk, any ASGI transport mounted there)
+in one process. Every value can be overridden
 from the environment (GUNICORN_* below) or on the command line.
 """
 
@@ -16,13 +17,17 @@ bind = os.environ.get("GUNICORN_BIND", f"127.0.0.1:{os.environ.get('PORT', '8000
 # starting point; capped at 8 so the database's connections (workers x the pool's
 # max_size, see LEDGER_DB_POOL_MAX_SIZE) stay well under max_connections.
 workers = int(os.environ.get("GUNICORN_WORKERS", min(8, 2 * multiprocessing.cpu_count() + 1)))
-worker_class = "uvicorn_worker.UvicornWorker"
+# uvicorn's gunicorn worker, except that a worker that stops (recycled by max_requests, or
+# told to) finishes its requests and closes its keep-alive connections with
+# `Connection: close` instead of resetting them under a request just sent.
+worker_class = "config.workers.GracefulUvicornWorker"
 # A request that takes longer is a bug or a stuck database: kill the worker, log it.
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", 30))
 graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", 30))
 keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", 5))
 # Recycle workers now and then so that a slow leak cannot grow without bound; the jitter
-# keeps them from restarting all at once.
+# keeps them from restarting all at once. A recycled worker drains (config/workers.py):
+# no request is dropped (tests/test_serving.py recycles every ~40 requests under load).
 max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", 5000))
 max_requests_jitter = int(os.environ.get("GUNICORN_MAX_REQUESTS_JITTER", 500))
 # Load the application in each worker after the fork: a database pool or the embedded
