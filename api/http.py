@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from django.http import Http404, HttpRequest, JsonResponse
-from ninja import NinjaAPI, Query, Schema, Status
+from ninja import NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
 from ninja.security import HttpBearer
@@ -19,11 +19,13 @@ from pydantic import Field
 
 from api import gate, problems, service
 from api.schemas import (
+    NAME_PATTERN,
     ApprovalRequestIn,
     CommitIn,
     FactIn,
     FactOut,
     FailedIn,
+    Name,
     ObligationIn,
     ObligationOut,
     OperationApprovalOut,
@@ -51,6 +53,11 @@ PROBLEM = "application/problem+json"
 # not granted, not found, wrong method, refused by the ledger, body too large, not JSON,
 # invalid input.
 ERRORS = {frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422}): Problem}
+
+
+def _path(max_length: int):
+    """A path parameter that names something: a name, as the ledger takes names."""
+    return Path(..., min_length=1, max_length=max_length, pattern=NAME_PATTERN)
 
 
 class AgentKeyAuth(HttpBearer):
@@ -199,13 +206,13 @@ def record_intent(request, body: RecordIntentIn):
 
 @api.post("/operations/{operation_id}/submitted", response={200: OperationOut, **ERRORS},
           summary="planned (or safe_to_retry) -> submitted, just before sending")
-def mark_submitted(request, operation_id: str, body: SubmittedIn):
+def mark_submitted(request, operation_id: str = _path(40), *, body: SubmittedIn):
     return service.mark(request.auth, operation_id, "submitted", **body.dict())
 
 
 @api.post("/operations/{operation_id}/succeeded", response={200: OperationOut, **ERRORS},
           summary="submitted -> succeeded: the external system confirmed it")
-def mark_succeeded(request, operation_id: str, body: SucceededIn):
+def mark_succeeded(request, operation_id: str = _path(40), *, body: SucceededIn):
     values = body.dict()
     if "result" not in body.model_fields_set:
         del values["result"]  # left out: no result recorded (null is a result)
@@ -214,21 +221,21 @@ def mark_succeeded(request, operation_id: str, body: SucceededIn):
 
 @api.post("/operations/{operation_id}/rejected", response={200: OperationOut, **ERRORS},
           summary="submitted -> rejected: the external system refused and did nothing")
-def mark_rejected(request, operation_id: str, body: FailedIn):
+def mark_rejected(request, operation_id: str = _path(40), *, body: FailedIn):
     return service.mark(request.auth, operation_id, "rejected", **body.dict())
 
 
 @api.post("/operations/{operation_id}/outcome-unknown",
           response={200: OperationOut, **ERRORS},
           summary="submitted -> outcome_unknown: sent, but whether it took effect is unknown")
-def mark_outcome_unknown(request, operation_id: str, body: FailedIn):
+def mark_outcome_unknown(request, operation_id: str = _path(40), *, body: FailedIn):
     return service.mark(request.auth, operation_id, "outcome_unknown", **body.dict())
 
 
 @api.post("/operations/{operation_id}/approval-request",
           response={200: OperationApprovalOut, **ERRORS},
           summary="Ask a person to approve a planned operation before it is sent")
-def request_approval(request, operation_id: str, body: ApprovalRequestIn):
+def request_approval(request, operation_id: str = _path(40), *, body: ApprovalRequestIn):
     """The operation with its approval status. Poll GET operations/{id} until
     `approval.status` is `approved` (then send: submitted) or `denied` (do not). Asking
     again puts it back on the desk's list with the new note; 409 if it is not planned."""
@@ -237,16 +244,16 @@ def request_approval(request, operation_id: str, body: ApprovalRequestIn):
 
 @api.get("/operations/{operation_id}", response={200: OperationDetailOut, **ERRORS},
          summary="The receipt with its events and evidence")
-def get_operation(request, operation_id: str):
+def get_operation(request, operation_id: str = _path(40)):
     return service.get_operation(request.auth, operation_id)
 
 
 class OperationFilters(Schema):
-    state: str | None = None
-    operation: str | None = None
-    tenant: str | None = None
-    cursor: str | None = Field(default=None, max_length=40)
-    idempotency_key: str | None = Field(default=None, max_length=200)
+    state: Name(200) | None = None
+    operation: Name(200) | None = None
+    tenant: Name(100) | None = None
+    cursor: Name(40) | None = None
+    idempotency_key: Name(200) | None = None
     limit: int = Field(default=50, ge=1, le=service.MAX_PAGE)
 
 
@@ -261,7 +268,10 @@ def list_operations(request, filters: Query[OperationFilters]):
 
 @api.get("/facts", response={200: list[FactOut], **ERRORS},
          summary="The current version of every predicate of a subject")
-def read_facts(request, subject: str, tenant: str | None = None):
+def read_facts(request, subject: str = Query(..., min_length=1, max_length=500,
+                                             pattern=NAME_PATTERN),
+               tenant: str | None = Query(None, min_length=1, max_length=100,
+                                          pattern=NAME_PATTERN)):
     return service.read_facts(request.auth, subject, tenant=tenant)
 
 
@@ -282,13 +292,13 @@ def start_run(request, body: RunIn):
 
 @api.post("/runs/{run_id}/steps", response={200: StepOut, **ERRORS},
           summary="Add a step (idempotent), depending on steps already added")
-def add_step(request, run_id: str, body: StepIn):
+def add_step(request, run_id: str = _path(100), *, body: StepIn):
     return service.add_step(request.auth, run_id, **body.dict())
 
 
 @api.post("/runs/{run_id}/resume", response={200: ResumeOut, **ERRORS},
           summary="Take the run's lease; `token` fences every later write")
-def resume(request, run_id: str, body: ResumeIn):
+def resume(request, run_id: str = _path(100), *, body: ResumeIn):
     return service.resume(request.auth, run_id, **body.dict())
 
 
@@ -302,5 +312,5 @@ def open_obligation(request, body: ObligationIn):
 
 @api.post("/obligations/{key}/commit", response={200: ObligationOut, **ERRORS},
           summary="Commit an obligation exactly once; 409 carries the winner's result")
-def commit_obligation(request, key: str, body: CommitIn):
+def commit_obligation(request, key: str = _path(200), *, body: CommitIn):
     return service.commit_obligation(request.auth, key, **body.dict())

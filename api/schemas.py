@@ -1,35 +1,59 @@
 """Request and response bodies of the HTTP API (their JSON schemas are the OpenAPI's).
 
 Only shapes live here; every rule (lengths, names, JSON limits, states) is the ledger's,
-checked when the ledger function is called.
+checked when the ledger function is called. The shapes say as much of those rules as a JSON
+schema can (a name is non-empty, without control characters or surrounding whitespace, and
+no longer than the ledger takes), so that a request the published schema calls valid is
+not refused for a reason it does not state.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 RetryPolicyName = Literal["never", "if_absent_proven"]
 
+# What `ledger.inputs.check_identifier` takes: no C0/C1 control characters, no line or
+# paragraph separators, no whitespace at either end, at least one character.
+_NAME_CHAR = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]"
+_NAME_EDGE = r"[^\s\x00-\x1f\x7f-\x9f\u2028\u2029]"
+NAME_PATTERN = f"^{_NAME_EDGE}(?:{_NAME_CHAR}*{_NAME_EDGE})?$"
 
-# Numbers are strict: `true` is not 1 and "2" is not 2 (pydantic's lax mode takes both).
+
+def Name(max_length: int, description: str | None = None) -> Any:
+    """A name of at most `max_length` characters, as the ledger takes names."""
+    return Annotated[str, Field(min_length=1, max_length=max_length, pattern=NAME_PATTERN,
+                                description=description)]
+
+
+def _no_bool_or_text(value: Any) -> Any:
+    if isinstance(value, bool | str):
+        raise ValueError(f"expected a number, found {value!r}")
+    return value
+
+
+# `true` is not 1 and "2" is not 2 (pydantic's lax mode takes both); 2.0 is 2, as JSON
+# Schema's integer type says.
+Number = BeforeValidator(_no_bool_or_text)
+
+
 # Integer bounds are PostgreSQL's: versions are `integer`, fencing tokens `bigint`.
-def _version():
-    return Field(default=None, ge=1, le=2**31 - 1, strict=True,
-                 description="The version you acted on; 409 if it moved on.")
+VersionNumber = Annotated[int, Field(ge=1, le=2**31 - 1), Number]
+TokenNumber = Annotated[int, Field(ge=0, le=2**63 - 1), Number]
+Seconds = Annotated[float, Field(gt=0, le=86400), Number]
 
 
-def _token():
-    return Field(default=None, ge=0, le=2**63 - 1, strict=True,
+def _version() -> Any:
+    return Field(default=None, description="The version you acted on; 409 if it moved on.")
+
+
+def _token() -> Any:
+    return Field(default=None,
                  description="The run lease's fencing token (POST runs/{run_id}/resume).")
-
-
-def _seconds(description: str):
-    return Field(default=None, gt=0, le=86400, strict=True, description=description)
-
 
 
 class Problem(Schema):
@@ -50,16 +74,18 @@ class FactRef(Schema):
 
 
 class RecordIntentIn(Schema):
-    operation: str = Field(description="What the call does, e.g. articles.create.")
-    target: str = Field(description="Where it goes, e.g. a URL (credentials are redacted).")
+    # Its own pattern is left to the ledger, whose refusal shows a name that would do.
+    operation: Annotated[str, Field(
+        min_length=1, max_length=200, description="What the call does, e.g. articles.create.")]
+    target: Name(2000, "Where it goes, e.g. a URL (credentials are redacted).")
     intent: dict[str, Any] = Field(description="The request you are about to send.")
-    idempotency_key: str | None = None
-    tenant: str | None = Field(default=None, description="Default: the key's only tenant.")
-    run: str | None = Field(default=None, description="A run_id of the key's tenants.")
-    step: str | None = Field(default=None, description="A step_id of the run; without an "
-                             "idempotency_key the key derives from the run and step.")
-    call: str | None = Field(default=None, description="Tells apart several calls of one "
-                             "operation in one step (with run and step, without a key).")
+    idempotency_key: Name(200) | None = None
+    tenant: Name(100, "Default: the key's only tenant.") | None = None
+    run: Name(100, "A run_id of the key's tenants.") | None = None
+    step: Name(100, "A step_id of the run; without an idempotency_key the key derives "
+               "from the run and step.") | None = None
+    call: Name(200, "Tells apart several calls of one operation in one step (with run "
+               "and step, without a key).") | None = None
     retry_policy: RetryPolicyName = "if_absent_proven"
     redact: list[str] = Field(default_factory=list, description="Dotted paths to redact.")
     fingerprint_fields: list[str] | None = None
@@ -71,10 +97,10 @@ class RecordIntentIn(Schema):
                          "round trips): `submitted_now` says whether this request did; a "
                          "refusal of the submission (approval, fencing, dependencies) is "
                          "its problem, with the recorded `operation`.")
-    fencing_token: int | None = Field(default=None, ge=0, le=2**63 - 1,
-                                      description="With submit: the run lease's token.")
-    in_flight_seconds: float | None = Field(
-        default=None, gt=0, le=86400,
+    fencing_token: TokenNumber | None = Field(
+        default=None, description="With submit: the run lease's token.")
+    in_flight_seconds: Seconds | None = Field(
+        default=None,
         description="With submit: how long the request may still land after a timeout.")
     relies_on: list[FactRef] = Field(
         default_factory=list, description="The fact versions the action was planned on: "
@@ -82,28 +108,28 @@ class RecordIntentIn(Schema):
 
 
 class SubmittedIn(Schema):
-    expected_version: int | None = _version()
-    fencing_token: int | None = _token()
-    in_flight_seconds: float | None = _seconds(
-        "How long the request may still land after a timeout.")
+    expected_version: VersionNumber | None = _version()
+    fencing_token: TokenNumber | None = _token()
+    in_flight_seconds: Seconds | None = Field(
+        default=None, description="How long the request may still land after a timeout.")
 
 
 class SucceededIn(Schema):
-    external_id: str | None = None
+    external_id: Name(500) | None = None
     evidence: Any = None
     result: Any = Field(default=None, description="The call's return value, stored "
                         "(redacted) and returned to a later call of the same key.")
     result_unstorable: str = Field(default="", max_length=300, description="Why the "
                                    "caller could not send the result (it is not stored).")
-    expected_version: int | None = _version()
-    fencing_token: int | None = _token()
+    expected_version: VersionNumber | None = _version()
+    fencing_token: TokenNumber | None = _token()
 
 
 class FailedIn(Schema):
-    error_code: str
+    error_code: Name(200)
     detail: str = ""
-    expected_version: int | None = _version()
-    fencing_token: int | None = _token()
+    expected_version: VersionNumber | None = _version()
+    fencing_token: TokenNumber | None = _token()
 
 
 class EventOut(Schema):
@@ -199,17 +225,15 @@ class OperationPage(Schema):
 
 
 class FactIn(Schema):
-    subject: str
-    predicate: str
+    subject: Name(500)
+    predicate: Name(200)
     value: Any
-    source: str | None = Field(default=None, description="Stored after the key's name.")
+    source: Name(400, "Stored after the key's name.") | None = None
     observed_at: datetime | None = None
-    expected_version: int | None = Field(
-        default=None, ge=1, le=2**31 - 1, strict=True,
-        description="The current version you supersede.")
-    tenant: str | None = None
-    run: str | None = None
-    fencing_token: int | None = _token()
+    expected_version: VersionNumber | None = _version()
+    tenant: Name(100) | None = None
+    run: Name(100) | None = None
+    fencing_token: TokenNumber | None = _token()
 
 
 class FactOut(Schema):
@@ -227,9 +251,9 @@ class FactOut(Schema):
 
 
 class RunIn(Schema):
-    objective: str
-    tenant: str | None = None
-    run_id: str | None = None
+    objective: str = Field(min_length=1, pattern=r"\S")
+    tenant: Name(100) | None = None
+    run_id: Name(100) | None = None
 
 
 class RunOut(Schema):
@@ -239,8 +263,8 @@ class RunOut(Schema):
 
 
 class StepIn(Schema):
-    step_id: str
-    depends_on: list[str] = Field(default_factory=list)
+    step_id: Name(100)
+    depends_on: list[Name(100)] = Field(default_factory=list)
 
 
 class StepOut(Schema):
@@ -251,9 +275,10 @@ class StepOut(Schema):
 
 
 class ResumeIn(Schema):
-    ttl_seconds: float | None = _seconds("How long the lease lasts without a renewal.")
-    worker: str | None = Field(default=None, max_length=100, description="Which worker of "
-                               "the key takes the lease: it is held as <key name>/<worker>.")
+    ttl_seconds: Seconds | None = Field(
+        default=None, description="How long the lease lasts without a renewal.")
+    worker: Name(100, "Which worker of the key takes the lease: it is held as "
+                 "<key name>/<worker>.") | None = None
 
 
 class ResumeOut(Schema):
@@ -272,16 +297,16 @@ class ResumeOut(Schema):
 
 
 class ObligationIn(Schema):
-    run: str
-    kind: str
-    key: str
+    run: Name(100)
+    kind: Name(200)
+    key: Name(200)
     deadline: datetime | None = None
-    fencing_token: int | None = _token()
+    fencing_token: TokenNumber | None = _token()
 
 
 class CommitIn(Schema):
     result: Any = None
-    fencing_token: int | None = _token()
+    fencing_token: TokenNumber | None = _token()
 
 
 class ObligationOut(Schema):

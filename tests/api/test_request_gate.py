@@ -92,9 +92,9 @@ def test_the_largest_postgresql_integer_as_a_version_is_a_stale_version(agent):
 
 
 @pytest.mark.parametrize("body", [{"expected_version": True}, {"expected_version": "1"},
-                                  {"expected_version": 1.0}, {"fencing_token": False},
-                                  {"in_flight_seconds": True}])
-def test_booleans_strings_and_floats_are_not_integers(agent, body):
+                                  {"expected_version": 1.5}, {"fencing_token": False},
+                                  {"in_flight_seconds": True}, {"in_flight_seconds": "5"}])
+def test_booleans_strings_and_fractions_are_not_integers(agent, body):
     problem = assert_problem(agent.post(submitted_url(agent), json=body), 422)
     assert next(iter(body)) in problem["detail"]
 
