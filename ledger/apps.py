@@ -8,6 +8,7 @@ class LedgerConfig(AppConfig):
 
     def ready(self):
         from django.core import checks
+        from django.db.backends.signals import connection_created
         from django.db.models.signals import post_migrate
 
         from ledger import conf, notifications  # noqa: F401 (registers its metrics)
@@ -17,6 +18,8 @@ class LedgerConfig(AppConfig):
         from ledger import db_roles
 
         checks.register(db_roles.check_login, deploy=True)
+        # PostgreSQL's refusals on role grounds are ledger PermissionDenied (403), never 500
+        connection_created.connect(db_roles.install, dispatch_uid="ledger.db_roles.install")
 
         # Bootstrap data only (groups, the default policy), as Django does for permissions.
         post_migrate.connect(restore_after_flush, sender=self,

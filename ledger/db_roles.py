@@ -31,6 +31,8 @@ from collections.abc import Iterable
 
 from django.db import DatabaseError, connection, transaction
 
+from ledger import errors
+
 AGENT, RECONCILER, DESK = "agent", "reconciler", "desk"
 KINDS = (AGENT, RECONCILER, DESK)
 ROLE = {AGENT: "ledger_agent", RECONCILER: "ledger_reconciler", DESK: "ledger_desk"}
@@ -141,6 +143,43 @@ FRAMEWORK_WRITERS = (DESK,)
 # Errors another run of db_roles on the same server can cause at the same moment: a role
 # created in between (duplicate_object, unique_violation), a catalog row both update.
 _RACES = ("42710", "23505", "XX000", "40001", "40P01")
+
+
+NO_PRIVILEGE = "42501"  # SQLSTATE insufficient_privilege
+
+
+class DatabaseRefusedByRole(errors.RefusedByRole, DatabaseError):
+    """A ledger PermissionDenied that is also the DatabaseError it replaces (code that
+    handles database errors, and raw SQL, see what they saw before); its __cause__ is
+    psycopg's error, with `sqlstate` and `diag`."""
+
+
+def refusal_as_permission_denied(execute, sql, params, many, context):
+    """An execute wrapper on every connection (`install`): PostgreSQL's refusal on role
+    grounds (SQLSTATE 42501: the role triggers of migration 0030, a missing grant, an
+    append-only rule) becomes errors.PermissionDenied with PostgreSQL's message, so that
+    every write path, and the HTTP API and MCP (403), report it as a refusal. The one
+    place for it: whatever the function, the statement is where it is refused."""
+    try:
+        return execute(sql, params, many, context)
+    except DatabaseError as exc:
+        cause = exc.__cause__
+        refused = getattr(cause, "sqlstate", None) == NO_PRIVILEGE
+        if not refused or isinstance(exc, errors.RefusedByRole):
+            raise
+        primary = getattr(getattr(cause, "diag", None), "message_primary", None)
+        message = primary or str(cause).splitlines()[0]
+        if "expected" not in message:  # a grant's refusal names only what was refused
+            message = ("expected this session's database role to hold the privilege, found "
+                       f"PostgreSQL refusing it: {message}")
+        raise DatabaseRefusedByRole(message) from cause
+
+
+def install(sender=None, connection=None, **kwargs):
+    """connection_created: the refusal wrapper first (outermost) among the connection's
+    execute wrappers, once per connection object (it survives reconnects)."""
+    if connection is not None and refusal_as_permission_denied not in connection.execute_wrappers:
+        connection.execute_wrappers.insert(0, refusal_as_permission_denied)
 
 
 class RolesRefused(Exception):

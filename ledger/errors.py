@@ -81,6 +81,16 @@ class PermissionDenied(LedgerError):
     """The acting user lacks the permission or the tenant grant for this action."""
 
 
+class RefusedByRole(PermissionDenied):
+    """PostgreSQL refused the statement on role grounds (SQLSTATE 42501: a role trigger of
+    migration 0030, a missing grant, an append-only rule): the session's role may not do
+    this. The message is PostgreSQL's (the triggers say what they expected and found);
+    `sqlstate` is "42501". `ledger.db_roles` raises it, as a subclass that is also Django's
+    DatabaseError, so that code handling database errors keeps seeing one."""
+
+    sqlstate = "42501"
+
+
 class NotFound(LedgerError, LookupError):
     """No such object among the tenants the caller may see (an invisible object is
     reported exactly like a missing one: the desk and the API answer 404)."""

@@ -1,0 +1,94 @@
+"""PostgreSQL's refusals on role grounds (SQLSTATE 42501) reach the caller of a public
+function as the ledger's PermissionDenied with the trigger's message, and nothing is
+written: tried from real child processes, each logged in as one kind's login role, with a
+real reviewer (their pk, name, permission and tenant, so that Python's own checks let the
+call through to PostgreSQL)."""
+
+from __future__ import annotations
+
+import pytest
+
+from api import problems
+from ledger import errors
+from ledger.db_roles import DatabaseRefusedByRole
+from ledger.models import Operation
+from ledger.states import State
+from tests.conftest import TEST_LOGINS
+from tests.factories import OperationFactory, UserFactory
+from tests.ledger.test_db_roles import snapshot
+from tests.support.processes import run_as
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS = """
+from django.contrib.auth.models import User
+from django.db import connection
+from ledger import approvals, errors, receipts, transitions
+from ledger.models import Operation
+
+result = {}
+with connection.cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    result["login"] = cursor.fetchone()[0]
+
+def call(name, fn):
+    try:
+        fn()
+    except errors.PermissionDenied as exc:
+        result[name] = [type(exc).__name__, getattr(exc.__cause__, "sqlstate", None), str(exc)]
+    except Exception as exc:
+        result[name] = ["other", type(exc).__name__, str(exc)]
+    else:
+        result[name] = ["accepted", None, ""]
+
+def reviewer(pk, name):
+    user = User(pk=pk, username=name, is_active=True)
+    user._perm_cache = {"ledger.resolve_operation", "ledger.resolve_factconflict"}
+    user._ledger_tenants = frozenset({"default"})
+    return user
+
+op = lambda pk: Operation.objects.get(pk=pk)
+"""
+
+
+@pytest.mark.parametrize("kind", ["agent", "reconciler"])
+def test_a_person_s_decision_from_another_role_is_permission_denied(kind):
+    unknown = OperationFactory(state=State.OUTCOME_UNKNOWN)
+    planned = OperationFactory(state=State.PLANNED)
+    person = UserFactory(username="reviewer", role="reviewer")
+    before = snapshot()
+    found = run_as(TEST_LOGINS[kind], CALLS + f"""
+who = reviewer({person.pk}, "reviewer")
+call("by_person", lambda: transitions.by_person(op({unknown.pk}), "succeeded", user=who,
+                                                reason="checked by hand"))
+call("approve", lambda: approvals.approve(op({planned.pk}), user=who))
+call("deny", lambda: approvals.deny(op({planned.pk}), user=who, reason="no"))
+""")
+    assert found.pop("login") == TEST_LOGINS[kind]
+    assert set(found) == {"by_person", "approve", "deny"}
+    for name, (error, sqlstate, message) in found.items():
+        assert (error, sqlstate) == ("DatabaseRefusedByRole", "42501"), (name, found[name])
+        assert "expected " in message and ", found " in message, message
+    # the role trigger's own words (approvals are refused earlier, by the grants)
+    assert "expected a person's decision to come from the desk" in found["by_person"][2]
+    assert f"found it from role {TEST_LOGINS[kind]}" in found["by_person"][2]
+    assert snapshot() == before
+    assert Operation.objects.get(pk=unknown.pk).state == State.OUTCOME_UNKNOWN
+    assert Operation.objects.get(pk=planned.pk).state == State.PLANNED
+
+
+def test_a_grant_s_refusal_says_what_was_expected_and_is_a_403_problem():
+    found = run_as(TEST_LOGINS["agent"], CALLS + """
+def read_hashes():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT password FROM auth_user")
+call("read auth_user", read_hashes)
+""")
+    error, sqlstate, message = found["read auth_user"]
+    assert (error, sqlstate) == ("DatabaseRefusedByRole", "42501")
+    assert message == ("expected this session's database role to hold the privilege, found "
+                       "PostgreSQL refusing it: permission denied for table auth_user")
+    problem = problems.from_ledger_error(DatabaseRefusedByRole(message))
+    assert (problem["status"], problem["type"]) == (
+        403, "urn:agent-ledger:problem:permission-denied")
+    assert issubclass(DatabaseRefusedByRole, errors.PermissionDenied)
