@@ -68,6 +68,8 @@ test: install
 # own (DATABASE_URL's server, else the embedded one). Skipped, and said so, without node.
 test-ts: install
 	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+		(cd examples/typescript/ai-sdk && npm ci --no-audit --no-fund --prefer-offline >/dev/null) \
+		|| echo "!! could not install the Vercel AI SDK example's dependencies: its test is skipped"; \
 		cd clients/typescript && npm ci --no-audit --no-fund --offline \
 		&& LEDGER_PYTHON=$(abspath $(PY)) npm test; \
 	else echo "!! node/npm not found: skipped the TypeScript client's tests (clients/typescript)"; fi
