@@ -3,8 +3,9 @@ and wraps its side effect in at most five lines of ledger code.
 
 The counting rule (`ledger_lines`): a line is ledger code when it belongs to a statement, a
 decorator, or the header of an `if`/`while`/`for`/`with`/`except` that names something
-imported from `ledger` or `django`, or that mentions DJANGO_SETTINGS_MODULE; every physical
-line of such a statement counts (a decorator over two lines is two). Import statements do
+imported from `ledger`, `django` or `ledger_client` (or a name assigned from such code, as
+`ledger = Ledger()`), or that mentions DJANGO_SETTINGS_MODULE; every physical line of such a
+statement counts (a decorator over two lines is two). Import statements do
 not count. So the set-up (`os.environ.setdefault(...)`, `django.setup()`) counts, and so
 does every use of `receipts` or `errors`; the side effect's own code (httpx) does not.
 """
@@ -29,7 +30,7 @@ TITLES = {
     "asyncio_agent.py": ("Morning digest", "Noon digest", "Evening digest"),
     "openai_agents_tool.py": ("Tools that act once", "Receipts for tools"),
 }
-LEDGER_MODULES = ("ledger", "django")
+LEDGER_MODULES = ("ledger", "django", "ledger_client")
 
 
 def ledger_lines(source: str) -> list[int]:
@@ -42,6 +43,16 @@ def ledger_lines(source: str) -> list[int]:
         elif isinstance(node, ast.Import):
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names
                          if alias.name.split(".")[0] in LEDGER_MODULES)
+    grew = True
+    while grew:  # a name bound to ledger code is ledger code (`ledger = Ledger()`)
+        grew = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and any(
+                    isinstance(n, ast.Name) and n.id in names for n in ast.walk(node.value)):
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    if isinstance(target, ast.Name) and target.id not in names:
+                        names.add(target.id)
+                        grew = True
     units = []
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):

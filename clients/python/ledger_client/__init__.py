@@ -43,6 +43,7 @@ from ledger_client.errors import (
     UnstorableResult,
 )
 from ledger_client.receipt import Receipt
+from ledger_client.tools import tool_message
 
 __all__ = [
     "AlreadyCommitted", "ApprovalDenied", "ApprovalRequired", "ConfigurationError",
@@ -52,5 +53,5 @@ __all__ = [
     "OutcomeNotRecorded", "OutcomeUnknown", "PermissionDenied", "ProblemError", "Receipt",
     "Refused", "Rejected", "SecondPersonRequired", "ServerError", "StaleFact",
     "StaleFencingToken", "StaleVersion", "Unauthenticated", "UnexpectedResponse",
-    "UnstorableResult", "step_key",
+    "UnstorableResult", "step_key", "tool_message",
 ]

@@ -315,6 +315,8 @@ class Ledger:
                 span.record(final)
             except errors.OutcomeNotRecorded as failure:
                 exc.add_note(str(failure))
+                final = receipt  # submitted: the ledger's sweep hands it to reconciliation
+            _attach(exc, final)
             raise
         payload: dict[str, Any] = {**marks, "external_id": _external_id(spec.external_id,
                                                                         value)}
@@ -740,6 +742,15 @@ def _external_id(extract: Callable | None, value: Any) -> str | None:
         return None
     text = text.strip()[:500] if text is not None else None
     return text or None
+
+
+def _attach(exc: BaseException, receipt: Receipt) -> None:
+    """The function's own exception, re-raised, carries the receipt as recorded
+    (`exc.ledger_operation`), so `tool_message(exc)` can name the operation."""
+    try:
+        exc.ledger_operation = receipt
+    except (AttributeError, TypeError):  # an exception class that refuses attributes
+        pass
 
 
 def _failure_record(exc: BaseException) -> tuple[str, str]:

@@ -21,6 +21,14 @@ class LedgerError(Exception):
         super().__init__(message)
         self.operation = operation
 
+    @property
+    def tool_message(self) -> str:
+        """What a model should read about this error as a tool's answer (see
+        `ledger_client.tool_message`)."""
+        from ledger_client.tools import tool_message
+
+        return tool_message(self)
+
 
 # --- what the decorator raises from the operation's state -------------------------------
 
