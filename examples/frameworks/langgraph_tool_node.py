@@ -21,7 +21,6 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
-
 from ledger_client import Ledger, tool_message
 
 ARTICLES_URL = os.environ["ARTICLES_URL"]

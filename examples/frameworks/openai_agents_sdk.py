@@ -18,7 +18,6 @@ import sys
 import httpx
 from agents import Agent, Runner, function_tool, set_tracing_disabled
 from agents.testing import ScriptedModel, assistant_message, function_call
-
 from ledger_client import Ledger, tool_message
 
 ARTICLES_URL = os.environ["ARTICLES_URL"]

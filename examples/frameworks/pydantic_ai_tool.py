@@ -15,11 +15,10 @@ import os
 import sys
 
 import httpx
+from ledger_client import Ledger, tool_message
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-
-from ledger_client import Ledger, tool_message
 
 ARTICLES_URL = os.environ["ARTICLES_URL"]
 ledger = Ledger()  # LEDGER_URL, LEDGER_AGENT_KEY

@@ -365,6 +365,11 @@ def test_the_ledger_down_when_the_call_raised_keeps_the_callers_exception(server
         with pytest.raises(TimeoutError) as caught:
             act("k")
     assert any("stays submitted" in note for note in caught.value.__notes__)
+    from ledger_client import tool_message  # the sweep reconciles it: the model must not retry
+
+    [op] = ops()
+    assert (f"Do not retry; the ledger is reconciling operation {op.operation_id}."
+            in tool_message(caught.value))
 
 
 class DropFirstAnswer(httpx.HTTPTransport):
