@@ -96,6 +96,21 @@ def test_the_counting_rule_counts_ledger_statements_whole_and_never_imports():
     assert ledger_lines(source) == [4, 5, 6, 7, 12]
 
 
+def test_a_name_bound_to_the_client_counts_wherever_it_is_used():
+    source = (
+        "import httpx\n"                                                 # 1
+        "from ledger_client import Ledger, tool_message\n"               # 2
+        "ledger = Ledger()\n"                                            # 3 counts
+        "action = ledger.action('a.b', target='t', key=str)\n"           # 4 counts
+        "client = httpx.Client()\n"                                      # 5
+        "@action\n"                                                      # 6 counts
+        "def send(x):\n"                                                 # 7
+        "    return client.post('/x')\n"                                 # 8
+        "on_error = lambda error: tool_message(error)\n"                 # 9 counts
+    )
+    assert ledger_lines(source) == [3, 4, 6, 9]
+
+
 @pytest.mark.parametrize("name", sorted(TITLES))
 def test_each_example_wraps_its_side_effect_in_at_most_five_ledger_lines(name):
     source = (EXAMPLES / name).read_text()
