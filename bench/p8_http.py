@@ -23,6 +23,11 @@ Two more sides compare what an agent writes: an action through the Python client
 (`ledger_client`, clients/python: the intent and its submission in one request, then the
 outcome: two round trips) against the same action through the in-process decorator
 (`receipts.action`). Their ratio is recorded as `client_ratio` (goal: at most 2x).
+
+A seventh side, when node is installed, is the same action through the TypeScript client
+(clients/typescript, driven by bench/p8_ts_client.mjs one call per line; the duration is
+measured in node, without the pipe): `ts_client_ratio` against the same decorator. Without
+node it is skipped and says so.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import http.client
 import itertools
 import json
 import os
+import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -130,6 +137,16 @@ def main() -> dict:
     from ledger_client import Ledger
 
     agent = Ledger(url, key=secret, tenant="default")
+    node = shutil.which("node")
+    ts_agent = None
+    if node:
+        ts_agent = subprocess.Popen(
+            [node, str(ROOT / "bench" / "p8_ts_client.mjs"), url, run], cwd=ROOT,
+            env={**os.environ, "LEDGER_AGENT_KEY": secret}, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, bufsize=1)
+    else:
+        print("P8: node not found: the TypeScript client's side is skipped")
+    ts_samples: list[float] = []
     try:
         for side, path, process in ((client, "/api/v1/openapi.json", server),
                                     (floor_client, "/", floor_server)):
@@ -193,7 +210,21 @@ def main() -> dict:
         def decorator_over_client():
             client_action(intent(next(counter)))
 
+        ts_counter = itertools.count()
+
+        def ts_client_action():
+            ts_agent.stdin.write(f"{next(ts_counter)}\n")
+            answer = ts_agent.stdout.readline()
+            if not answer:
+                raise SystemExit("expected the TypeScript client's driver to answer, found it "
+                                 f"gone (exit {ts_agent.poll()})")
+            ts_samples.append(float(answer) / 1000)
+
+        warm_ts = []
         for _ in range(20):  # warm caches, plans and connections on every side
+            if ts_agent is not None:
+                ts_client_action()
+                warm_ts.append(ts_samples.pop())
             in_process()
             over_http()
             transport_only()
@@ -203,12 +234,19 @@ def main() -> dict:
         local, http, floor = Stopwatch("in process"), Stopwatch("http"), Stopwatch("floor")
         lean_http = Stopwatch("http, lean client")
         action_local, action_client = Stopwatch("action"), Stopwatch("action, client")
-        interleave(n, [(local, in_process), (http, over_http), (floor, transport_only),
-                       (lean_http, over_http_lean), (action_local, decorator_in_process),
-                       (action_client, decorator_over_client)])
+        sides = [(local, in_process), (http, over_http), (floor, transport_only),
+                 (lean_http, over_http_lean), (action_local, decorator_in_process),
+                 (action_client, decorator_over_client)]
+        if ts_agent is not None:
+            sides.append((Stopwatch("action, TypeScript client, with the pipe"),
+                          ts_client_action))
+        interleave(n, sides)
     finally:
         client.close()
         agent.close()
+        if ts_agent is not None:
+            ts_agent.stdin.close()
+            ts_agent.wait(timeout=30)
         lean.close()
         floor_client.close()
         for process in (server, floor_server):
@@ -235,6 +273,10 @@ def main() -> dict:
         "client_median_ms": action_client.median * 1000,
         "decorator_median_ms": action_local.median * 1000,
         "client_ratio": action_client.median / action_local.median,
+        # the same action through the TypeScript client (None without node)
+        "ts_client_median_ms": statistics.median(ts_samples) * 1000 if ts_samples else None,
+        "ts_client_ratio": (statistics.median(ts_samples) / action_local.median
+                            if ts_samples else None),
     }
     print_table(f"P8 lifecycle over HTTP, {n} operations each", [
         ("in process (ledger API)", f"{n / local.total:8.0f} ops/s, median {ms(local.median)}"),
@@ -250,6 +292,9 @@ def main() -> dict:
         ("action, in process (decorator)", f"median {ms(action_local.median)}"),
         ("action, ledger_client (2 POSTs)", f"median {ms(action_client.median)}, "
                                             f"{summary['client_ratio']:.2f}x the decorator"),
+        ("action, TypeScript client", (f"median {ms(statistics.median(ts_samples))}, "
+                                       f"{summary['ts_client_ratio']:.2f}x the decorator")
+         if ts_samples else "skipped: node not found"),
     ])
     record("P8", summary)
     return summary

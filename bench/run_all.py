@@ -47,7 +47,11 @@ ALSO = {
     "P8": lambda r: f"HTTP median {r['http_median_ms']:.1f} ms, in process "
                     f"{r['in_process_median_ms']:.1f} ms; transport floor "
                     f"{r['transport_median_ms']:.1f} ms ({r['transport_ratio']:.2f}x); "
-                    f"with http.client {r['lean_client_ratio']:.2f}x",
+                    f"with http.client {r['lean_client_ratio']:.2f}x"
+                    + (f"; action: Python client {r['client_ratio']:.2f}x, TypeScript client "
+                       f"{r['ts_client_ratio']:.2f}x the decorator"
+                       if r.get("ts_client_ratio") is not None else
+                       "; TypeScript client: not run (no node)"),
     "P9": lambda r: f"adds {r['added_ms']:.1f} ms per call ({r['direct_median_ms']:.1f} "
                     f"-> {r['receipt_median_ms']:.1f} ms, stdio both); pass-through "
                     f"{r['pass_through_ratio']:.2f}x",
