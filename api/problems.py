@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger import errors
+from ledger import errors, shapes
 
 # (status, slug, title) per ledger error; the first matching class in this order wins.
 KINDS: list[tuple[type[Exception], int, str, str]] = [
@@ -43,8 +43,6 @@ def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> di
 
 def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
     """The problem for a ledger refusal, with what the caller needs to go on."""
-    from api import service
-
     status, slug, title = next(
         (status, slug, title) for cls, status, slug, title in KINDS if isinstance(exc, cls)
     )
@@ -57,12 +55,12 @@ def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
     elif isinstance(exc, errors.IdempotencyKeyReused) and exc.existing is not None:
         existing = exc.existing
         if hasattr(existing, "operation_id"):
-            extra["operation"] = service.operation_dict(existing)
+            extra["operation"] = shapes.operation(existing)
     elif isinstance(exc, errors.StaleFencingToken):
         extra["current_token"] = exc.current_token
     elif isinstance(exc, errors.LeaseHeld):
         extra["holder"] = exc.owner
-        extra["expires_at"] = exc.expires_at.isoformat() if exc.expires_at else None
+        extra["expires_at"] = shapes.iso(exc.expires_at)
     elif isinstance(exc, errors.DependencyNotMet):
         extra["missing"] = list(exc.missing)
     elif isinstance(exc, errors.ApprovalRequired):

@@ -1,10 +1,12 @@
 """Request and response bodies of the HTTP API (their JSON schemas are the OpenAPI's).
 
-Only shapes live here; every rule (lengths, names, JSON limits, states) is the ledger's,
-checked when the ledger function is called. The shapes say as much of those rules as a JSON
-schema can (a name is non-empty, without control characters or surrounding whitespace, and
-no longer than the ledger takes), so that a request the published schema calls valid is
-not refused for a reason it does not state.
+Request bodies live here; response bodies are the ledger's JSON shapes (`ledger.shapes`,
+re-exported below), the ones the MCP tools and the resume view return too. Only shapes:
+every rule (lengths, names, JSON limits, states) is the ledger's, checked when the ledger
+function is called. The request shapes say as much of those rules as a JSON schema can (a
+name is non-empty, without control characters or surrounding whitespace, and no longer
+than the ledger takes), so that a request the published schema calls valid is not refused
+for a reason it does not state.
 """
 
 from __future__ import annotations
@@ -14,6 +16,31 @@ from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import BeforeValidator, ConfigDict, Field
+
+from ledger.shapes import (
+    ApprovalOut,
+    EventOut,
+    EvidenceOut,
+    FactOut,
+    ObligationOut,
+    OperationApprovalOut,
+    OperationDetailOut,
+    OperationOut,
+    OperationPage,
+    RecordedOut,
+    ResumeOut,
+    RunOut,
+    StepOut,
+)
+
+__all__ = [
+    "ApprovalOut", "ApprovalRequestIn", "CommitIn", "EventOut", "EvidenceOut", "FactIn",
+    "FactOut", "FailedIn", "ObligationIn", "ObligationOut", "OperationApprovalOut",
+    "OperationDetailOut", "OperationOut", "OperationPage", "Problem", "RecordedOut",
+    "RecordIntentIn",
+    "ResumeIn", "ResumeOut", "RunIn", "RunOut", "StepIn", "StepOut", "SubmittedIn",
+    "SucceededIn",
+]
 
 RetryPolicyName = Literal["never", "if_absent_proven"]
 
@@ -132,96 +159,9 @@ class FailedIn(Schema):
     fencing_token: TokenNumber | None = _token()
 
 
-class EventOut(Schema):
-    version: int
-    from_state: str
-    to_state: str
-    actor_kind: str
-    actor_id: str
-    reason: str
-    evidence: Any = None
-    fencing_token: int | None
-    created_at: str
-
-
-class EvidenceOut(Schema):
-    reconciler: str
-    query: Any
-    observed: Any
-    verdict: str
-    matched_by: str
-    detail: str
-    created_at: str
-
-
-class OperationOut(Schema):
-    operation_id: str
-    tenant: str
-    operation: str
-    target: str
-    state: str
-    version: int
-    attempt: int
-    idempotency_key: str
-    intent_fingerprint: str
-    external_id: str
-    intent: dict[str, Any]
-    retry_policy: str
-    error_code: str
-    error_detail: str
-    conflict: str
-    authentication_recorded: bool
-    run_id: str | None
-    step_id: str | None
-    created_at: str
-    state_changed_at: str
-    submitted_at: str | None
-    in_flight_until: str | None = None
-    completed_at: str | None
-    result: Any = None
-    result_unstorable: str = ""
-    trace_id: str = Field(default="", description="The OpenTelemetry trace it was recorded "
-                          "in (from the request's traceparent), or empty.")
-    span_id: str = ""
-
-
-class RecordedOut(OperationOut):
-    submitted_now: bool = Field(description="Whether this request marked it submitted "
-                                "(with submit: send now; otherwise do not send).")
-
-
-class ApprovalOut(Schema):
-    status: Literal["not_required", "awaiting", "approved", "denied"] = Field(
-        description="approved: send (the operation's intent is the approved one); denied: "
-        "do not send (denied_reason says why); awaiting: poll again.")
-    needed: int = Field(description="People who must approve (0: nothing asks).")
-    live: int = Field(description="Live approvals of the current fingerprint.")
-    policies: str = Field(description="The approval policies asking, if any.")
-    denied_reason: str | None
-    intent_fingerprint: str
-    requested: bool
-    note: str
-    requested_at: str | None
-
-
 class ApprovalRequestIn(Schema):
     note: str = Field(default="", description="What the reviewer should know (context, "
                       "why it is needed); secrets are masked.")
-
-
-class OperationApprovalOut(OperationOut):
-    approval: ApprovalOut
-
-
-class OperationDetailOut(OperationOut):
-    events: list[EventOut]
-    evidence: list[EvidenceOut]
-    approval: ApprovalOut
-
-
-class OperationPage(Schema):
-    items: list[OperationOut]
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
 
 
 class FactIn(Schema):
@@ -236,30 +176,10 @@ class FactIn(Schema):
     fencing_token: TokenNumber | None = _token()
 
 
-class FactOut(Schema):
-    tenant: str
-    subject: str
-    predicate: str
-    value: Any
-    version: int | None
-    status: str
-    source: str
-    observed_at: str
-    run_id: str | None
-    is_candidate: bool
-    conflict_id: int | None
-
-
 class RunIn(Schema):
     objective: str = Field(min_length=1, pattern=r"\S")
     tenant: Name(100) | None = None
     run_id: Name(100) | None = None
-
-
-class RunOut(Schema):
-    run_id: str
-    tenant: str
-    objective: str
 
 
 class StepIn(Schema):
@@ -267,33 +187,11 @@ class StepIn(Schema):
     depends_on: list[Name(100)] = Field(default_factory=list)
 
 
-class StepOut(Schema):
-    run_id: str
-    step_id: str
-    state: str
-    depends_on: list[str]
-
-
 class ResumeIn(Schema):
     ttl_seconds: Seconds | None = Field(
         default=None, description="How long the lease lasts without a renewal.")
     worker: Name(100, "Which worker of the key takes the lease: it is held as "
                  "<key name>/<worker>.") | None = None
-
-
-class ResumeOut(Schema):
-    model_config = ConfigDict(extra="allow")
-
-    run_id: str
-    tenant: str
-    objective: str
-    token: int | None
-    holder: str | None
-    steps: list[dict[str, Any]]
-    open_operations: list[dict[str, Any]]
-    pending_obligations: list[dict[str, Any]]
-    facts: list[dict[str, Any]]
-    open_conflicts: list[dict[str, Any]]
 
 
 class ObligationIn(Schema):
@@ -308,13 +206,3 @@ class CommitIn(Schema):
     result: Any = None
     fencing_token: TokenNumber | None = _token()
 
-
-class ObligationOut(Schema):
-    key: str
-    kind: str
-    run_id: str
-    tenant: str
-    state: str
-    deadline: str | None
-    result: Any = None
-    committed_at: str | None

@@ -1,11 +1,12 @@
 """What an agent key may do over the network: the one layer the HTTP API and the MCP tools
 share.
 
-Each function takes the authenticated `AgentKey` first, fetches what it acts on through a
-tenant-checked look-up (another tenant's object is `NotFound`, exactly like a missing one),
-calls the same `ledger` function a Python agent calls, with the key's name as the actor,
-and returns plain JSON-ready data. No rule of the ledger is restated here: every refusal is
-the ledger's own `LedgerError`, which each surface turns into its error format.
+Each function takes the authenticated `AgentKey` first, fetches what it acts on through
+`ledger.selectors` (the desk's own fetch-and-check: another tenant's object is `NotFound`,
+exactly like a missing one), calls the same `ledger` function a Python agent calls, with
+the key's name as the actor, and returns the noun's JSON shape (`ledger.shapes`). No rule
+of the ledger is restated here: every refusal is the ledger's own `LedgerError`, which each
+surface turns into its error format.
 """
 
 from __future__ import annotations
@@ -14,28 +15,28 @@ import inspect
 from datetime import datetime, timedelta
 from typing import Any
 
-from ledger import access, agent_keys, approvals, facts, obligations, receipts, rows, runs
-from ledger.errors import InvalidInput, LedgerError, NotFound, PermissionDenied, StaleVersion
-from ledger.inputs import check_identifier, check_optional_identifier
-from ledger.models import (
-    AgentKey,
-    ApprovalRequest,
-    Evidence,
-    Fact,
-    Obligation,
-    Operation,
-    OperationEvent,
-    Run,
+from ledger import (
+    access,
+    agent_keys,
+    approvals,
+    facts,
+    obligations,
+    receipts,
+    runs,
+    selectors,
+    shapes,
+    states,
 )
-from ledger.prepared import prepared_cursor
-from ledger.selectors.approvals import gate
-from ledger.states import RetryPolicy, State
+from ledger.errors import InvalidInput, LedgerError, PermissionDenied, StaleVersion
+from ledger.inputs import check_identifier, check_optional_identifier
+from ledger.models import AgentKey, Obligation, Operation, Run
+from ledger.states import RetryPolicy
 
 # Whether this ledger has the in-flight window (`mark_submitted(in_flight_for=...)`).
 HAS_IN_FLIGHT_WINDOW = "in_flight_for" in inspect.signature(receipts.mark_submitted).parameters
 
-MAX_PAGE = 200
-OUTCOMES = ("submitted", "succeeded", "rejected", "outcome_unknown")
+MAX_PAGE = selectors.MAX_PAGE_SIZE
+OUTCOMES = states.AGENT_OUTCOMES
 
 
 # --- arguments from the network --------------------------------------------------------
@@ -58,90 +59,21 @@ def _seconds(value: Any, name: str) -> timedelta:
 
 
 # --- fetch and check ---------------------------------------------------------------------
+#
+# The desk's helpers, an agent key as the principal (`ledger.selectors`).
 
-
-def _visible(key: AgentKey, rows):
-    tenants = access.tenants_for(key)
-    return rows if tenants is None else rows.filter(tenant__in=tenants)
-
-
-_ACCESS_OPERATION = (
-    f"SELECT {rows.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
-    " WHERE operation_id = %s AND (%s OR tenant = ANY(%s))"
-)
+access_operation = selectors.access_operation
+access_run = selectors.access_run
+access_obligation = selectors.access_obligation
 
 
 def authenticate(secret: str, *, operation_id: str | None = None) -> AgentKey | None:
     """The live key whose secret this is, or None (malformed, unknown or revoked).
 
     With the `operation_id` of the request's path, the same statement also fetches that
-    operation through the key's tenants (`agent_keys.authenticate_with_operation`), and
-    `access_operation` of this key and id then answers from it instead of asking again:
-    one round trip to PostgreSQL less on every request that acts on one operation.
-    """
-    if operation_id is None or not _well_formed_operation_id(operation_id):
-        return agent_keys.authenticate(secret)  # access_operation refuses a bad id itself
-    key, found = agent_keys.authenticate_with_operation(secret, operation_id)
-    if key is not None:
-        key._operation_read = (operation_id, found)
-    return key
-
-
-def _well_formed_operation_id(operation_id: Any) -> bool:
-    if not isinstance(operation_id, str) or not 0 < len(operation_id) <= 40:
-        return False
-    try:
-        check_identifier(operation_id, "operation_id", 40)
-    except InvalidInput:
-        return False
-    return True
-
-
-def access_operation(key: AgentKey, operation_id: str) -> Operation:
-    """The operation if the key sees its tenant; NotFound otherwise (either way). On every
-    mark of every agent: one prepared statement, without the ORM's query compilation, or
-    none when the key's authentication already read it (`authenticate`); that read is
-    used once, by the request it was made for."""
-    if not isinstance(operation_id, str) or not 0 < len(operation_id) <= 40:
-        raise NotFound(f"expected an operation id, found {operation_id!r}")
-    check_identifier(operation_id, "operation_id", 40)
-    read = key.__dict__.pop("_operation_read", None)
-    if read is not None and read[0] == operation_id:
-        found = read[1]
-    else:
-        tenants = access.tenants_for(key)
-        with prepared_cursor() as cursor:
-            cursor.execute(_ACCESS_OPERATION,
-                           [operation_id, tenants is None, sorted(tenants or ())])
-            row = cursor.fetchone()
-        found = None if row is None else rows.operation_from_row(row)
-    if found is None:
-        raise NotFound(
-            f"expected operation {operation_id!r} among the tenants you may see, found none"
-        )
-    return found
-
-
-def access_run(key: AgentKey, run_id: str) -> Run:
-    if not isinstance(run_id, str) or not 0 < len(run_id) <= 100:
-        raise NotFound(f"expected a run id, found {run_id!r}")
-    check_identifier(run_id, "run_id", 100)
-    found = _visible(key, Run.objects.filter(run_id=run_id)).first()
-    if found is None:
-        raise NotFound(f"expected run {run_id!r} among the tenants you may see, found none")
-    return found
-
-
-def access_obligation(key: AgentKey, obligation_key: str) -> Obligation:
-    if not isinstance(obligation_key, str) or not 0 < len(obligation_key) <= 200:
-        raise NotFound(f"expected an obligation key, found {obligation_key!r}")
-    check_identifier(obligation_key, "obligation_key", 200)
-    found = _visible(key, Obligation.objects.filter(key=obligation_key)).first()
-    if found is None:
-        raise NotFound(
-            f"expected obligation {obligation_key!r} among the tenants you may see, found none"
-        )
-    return found
+    operation through the key's tenants, and `access_operation` of this key and id then
+    answers from it instead of asking again (`agent_keys.authenticate`)."""
+    return agent_keys.authenticate(secret, operation_id=operation_id)
 
 
 def tenant_for(key: AgentKey, tenant: str | None) -> str:
@@ -217,7 +149,7 @@ def record_intent(
     if not submit:
         return operation_dict(op), recorded_now
     submitted_now = False
-    if op.state in (State.PLANNED, State.SAFE_TO_RETRY):
+    if op.state in states.SENDABLE:
         marks: dict[str, Any] = {"fencing_token": fencing_token, "actor": key.name}
         if in_flight_seconds is not None:
             marks["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
@@ -225,11 +157,11 @@ def record_intent(
             op = receipts.mark_submitted(op, **marks)
             submitted_now = True
         except StaleVersion as exc:
-            op = exc.current or Operation.objects.get(pk=op.pk)
+            op = exc.current or access_operation(key, op.operation_id)
         except LedgerError as exc:
             exc.operation_recorded = operation_dict(op)
             raise
-    return {**operation_dict(op), "submitted_now": submitted_now}, recorded_now
+    return shapes.recorded(op, submitted_now=submitted_now), recorded_now
 
 
 def fact_version(tenant: str, ref: Any) -> Fact:
@@ -290,17 +222,9 @@ def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     """The receipt with its events (oldest first), evidence and approval status (the gate,
     the request). Four queries, five with `access_operation`'s own look-up (none when the
     key's authentication read the operation)."""
-    op = access_operation(key, operation_id)
-    data = operation_dict(op)
-    data["approval"] = approval_dict(op)
-    data["events"] = [
-        event_dict(e) for e in OperationEvent.objects.filter(operation=op).order_by("version")
-    ]
-    data["evidence"] = [
-        evidence_dict(e)
-        for e in Evidence.objects.filter(operation=op).order_by("created_at", "id")
-    ]
-    return data
+    found = selectors.operation_receipt(key, operation_id)
+    return shapes.operation_detail(found.operation, events=found.events,
+                                   evidence_rows=found.evidence, approval_status=found.approval)
 
 
 def request_approval(key: AgentKey, operation_id: str, *, note: str = "") -> dict[str, Any]:
@@ -316,27 +240,9 @@ def request_approval(key: AgentKey, operation_id: str, *, note: str = "") -> dic
 
 
 def approval_dict(op: Operation) -> dict[str, Any]:
-    """Where the operation stands with approvals (two queries): `status` one of
-    not_required, awaiting, approved, denied; `needed` people, `live` approvals of its
-    current fingerprint, the policies asking, a denial's reason, the agent's request."""
-    current = gate(op)
-    asked = ApprovalRequest.objects.filter(operation_id=op.pk).first()
-    if current.denial is not None:
-        status = "denied"
-    elif current.needed == 0:
-        status = "not_required"
-    elif current.state != "planned" or current.is_open:
-        status = "approved"
-    else:
-        status = "awaiting"
-    return {
-        "status": status, "needed": current.needed, "live": current.have,
-        "policies": current.patterns, "denied_reason": current.denial,
-        "intent_fingerprint": current.intent_fingerprint,
-        "requested": asked is not None,
-        "note": asked.note if asked is not None else "",
-        "requested_at": _iso(asked.requested_at) if asked is not None else None,
-    }
+    """Where the operation stands with approvals (two queries; `selectors.approval_status`,
+    shaped as `shapes.approval`)."""
+    return shapes.approval(selectors.approval_status(op))
 
 
 def list_operations(
@@ -357,24 +263,12 @@ def list_operations(
     for name, value in (("state", state), ("operation", operation), ("tenant", tenant),
                         ("cursor", cursor), ("idempotency_key", idempotency_key)):
         check_optional_identifier(value, name, 200)
-    rows = _visible(key, Operation.objects.select_related("run", "step"))
     if tenant is not None:  # a tenant the key is not granted is refused, not an empty page
-        rows = rows.filter(tenant=tenant_for(key, tenant))
-    if idempotency_key is not None:
-        rows = rows.filter(idempotency_key=idempotency_key)
-    if state is not None:
-        rows = rows.filter(state=state)
-    if operation is not None:
-        rows = rows.filter(operation=operation)
-    if cursor is not None:
-        rows = rows.filter(operation_id__lt=cursor)
-    page = list(rows.order_by("-operation_id")[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
-    return {
-        "items": [operation_dict(op) for op in page],
-        "next_cursor": page[-1].operation_id if more else None,
-    }
+        tenant = tenant_for(key, tenant)
+    page = selectors.operations_page(key, state=state, operation=operation, tenant=tenant,
+                                     idempotency_key=idempotency_key, cursor=cursor or "",
+                                     per_page=limit)
+    return shapes.operation_page(page.items, page.next_cursor)
 
 
 # --- facts -------------------------------------------------------------------------------
@@ -418,11 +312,9 @@ def start_run(
     key: AgentKey, *, objective: str, tenant: str | None = None, run_id: str | None = None
 ) -> dict[str, Any]:
     check_optional_identifier(run_id, "run_id", 100)
-    if run_id is not None:
-        existing = Run.objects.filter(run_id=run_id).only("tenant").first()
-        if existing is not None and not access.can_see(key, existing.tenant):
-            # Another tenant's run id: refused without saying whose it is.
-            raise InvalidInput(f"expected run_id {run_id!r} to be new, found it taken")
+    if run_id is not None and selectors.taken_elsewhere(key, Run, run_id=run_id):
+        # Another tenant's run id: refused without saying whose it is.
+        raise InvalidInput(f"expected run_id {run_id!r} to be new, found it taken")
     run = runs.start(objective, tenant=tenant_for(key, tenant), run_id=run_id)
     return run_dict(run)
 
@@ -432,8 +324,7 @@ def add_step(
 ) -> dict[str, Any]:
     run = access_run(key, run_id)
     step = runs.add_step(run, step_id, depends_on=depends_on or ())
-    return {"run_id": run.run_id, "step_id": step.step_id, "state": step.state,
-            "depends_on": sorted(depends_on or ())}
+    return shapes.step(step, run=run, depends_on=depends_on or ())
 
 
 def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None,
@@ -447,7 +338,7 @@ def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None,
     if ttl_seconds is not None:
         kwargs["ttl"] = _seconds(ttl_seconds, "ttl_seconds")
     owner = key.name + (f"/{worker}" if worker else "")
-    return runs.resume(run, worker=owner, **kwargs).as_dict()
+    return shapes.hand_off(runs.resume(run, worker=owner, **kwargs))
 
 
 def open_obligation(
@@ -461,8 +352,7 @@ def open_obligation(
 ) -> dict[str, Any]:
     run_obj = access_run(key, run)
     check_identifier(obligation_key, "obligation_key", 200)
-    existing = Obligation.objects.filter(key=obligation_key).only("tenant").first()
-    if existing is not None and not access.can_see(key, existing.tenant):
+    if selectors.taken_elsewhere(key, Obligation, key=obligation_key):
         raise InvalidInput(f"expected obligation key {obligation_key!r} to be new, found it "
                            "taken")
     obligation = obligations.open(run_obj, kind, obligation_key, deadline=deadline,
@@ -480,101 +370,14 @@ def commit_obligation(
     return obligation_dict(obligation, None)
 
 
-# --- what the surfaces return ------------------------------------------------------------
+# --- what the surfaces return: the shapes of `ledger.shapes` ------------------------------
 
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def operation_dict(op: Operation) -> dict[str, Any]:
-    return {
-        "operation_id": op.operation_id,
-        "tenant": op.tenant,
-        "operation": op.operation,
-        "target": op.target,
-        "state": op.state,
-        "version": op.version,
-        "attempt": op.attempt,
-        "idempotency_key": op.idempotency_key,
-        "intent_fingerprint": op.intent_fingerprint,
-        "external_id": op.external_id,
-        "intent": op.intent,
-        "retry_policy": op.retry_policy,
-        "error_code": op.error_code,
-        "error_detail": op.error_detail,
-        "conflict": op.conflict,
-        "authentication_recorded": op.authentication_recorded,
-        "run_id": op.run.run_id if op.run_id else None,
-        "step_id": op.step.step_id if op.step_id else None,
-        "created_at": _iso(op.created_at),
-        "state_changed_at": _iso(op.state_changed_at),
-        "submitted_at": _iso(op.submitted_at),
-        "in_flight_until": _iso(op.in_flight_until),
-        "completed_at": _iso(op.completed_at),
-        "result": op.result,
-        "result_unstorable": op.result_unstorable,
-        "trace_id": op.trace_id,
-        "span_id": op.span_id,
-    }
-
-
-def event_dict(event: OperationEvent) -> dict[str, Any]:
-    return {
-        "version": event.version,
-        "from_state": event.from_state,
-        "to_state": event.to_state,
-        "actor_kind": event.actor_kind,
-        "actor_id": event.actor_id,
-        "reason": event.reason,
-        "evidence": event.evidence,
-        "fencing_token": event.fencing_token,
-        "created_at": _iso(event.created_at),
-    }
-
-
-def evidence_dict(evidence: Evidence) -> dict[str, Any]:
-    return {
-        "reconciler": evidence.reconciler,
-        "query": evidence.query,
-        "observed": evidence.observed,
-        "verdict": evidence.verdict,
-        "matched_by": evidence.matched_by,
-        "detail": evidence.detail,
-        "created_at": _iso(evidence.created_at),
-    }
-
-
-def fact_dict(fact: Fact) -> dict[str, Any]:
-    conflict = getattr(fact, "conflict", None) if fact.is_candidate else None
-    return {
-        "tenant": fact.tenant,
-        "subject": fact.subject,
-        "predicate": fact.predicate,
-        "value": fact.value,
-        "version": fact.version,
-        "status": fact.status,
-        "source": fact.source,
-        "observed_at": _iso(fact.observed_at),
-        "run_id": fact.run.run_id if fact.run_id else None,
-        "is_candidate": fact.is_candidate,
-        "conflict_id": conflict.pk if conflict is not None else None,
-    }
-
-
-def run_dict(run: Run) -> dict[str, Any]:
-    return {"run_id": run.run_id, "tenant": run.tenant, "objective": run.objective}
+operation_dict = shapes.operation
+event_dict = shapes.event
+evidence_dict = shapes.evidence
+fact_dict = shapes.fact
+run_dict = shapes.run
 
 
 def obligation_dict(obligation: Obligation, run: Run | None) -> dict[str, Any]:
-    run = run or obligation.run
-    return {
-        "key": obligation.key,
-        "kind": obligation.kind,
-        "run_id": run.run_id,
-        "tenant": obligation.tenant,
-        "state": obligation.state,
-        "deadline": _iso(obligation.deadline),
-        "result": obligation.result,
-        "committed_at": _iso(obligation.committed_at),
-    }
+    return shapes.obligation(obligation, run=run)

@@ -22,9 +22,10 @@ from django.utils import timezone
 
 from ledger import access, rows
 from ledger.errors import InvalidInput
-from ledger.inputs import check_names
+from ledger.inputs import check_identifier, check_names
 from ledger.models import AgentKey, AgentKeyChange, Operation
 from ledger.prepared import prepared_cursor
+from ledger.selectors.operations import remember_read
 
 # Recognisable in a leaked config file or a secret scanner's rules.
 SECRET_PREFIX = "alk_"
@@ -83,8 +84,20 @@ def revoke(name: str, *, user) -> AgentKey:
     return key
 
 
-def authenticate(secret: str) -> AgentKey | None:
-    """The live key whose secret this is, or None (malformed, unknown or revoked)."""
+def authenticate(secret: str, *, operation_id: str | None = None) -> AgentKey | None:
+    """The live key whose secret this is, or None (malformed, unknown or revoked).
+
+    With `operation_id` (the id a request's path names), the same statement also reads
+    that operation through the key's tenants (`authenticate_with_operation`) and leaves it
+    to the request's `selectors.access_operation` of this key and id, which answers from it
+    instead of asking again: one round trip less on every request that acts on one
+    operation. An id the input gate refuses is not read (access_operation refuses it).
+    """
+    if operation_id is not None and _well_formed_operation_id(operation_id):
+        key, found = authenticate_with_operation(secret, operation_id)
+        if key is not None:
+            remember_read(key, operation_id, found)
+        return key
     if not isinstance(secret, str) or not _SECRET.fullmatch(secret):
         return None
     digest = _hash(secret)
@@ -121,6 +134,16 @@ def authenticate_with_operation(
     # A LEFT JOIN that matched nothing: every operation column NULL, its id first.
     found = row[len(_KEY_FIELDS):]
     return key, (None if found[0] is None else rows.operation_from_row(found))
+
+
+def _well_formed_operation_id(operation_id) -> bool:
+    if not isinstance(operation_id, str) or not 0 < len(operation_id) <= 40:
+        return False
+    try:
+        check_identifier(operation_id, "operation_id", 40)
+    except InvalidInput:
+        return False
+    return True
 
 
 def _live_key(row, digest: str) -> AgentKey | None:

@@ -12,8 +12,8 @@ current token (`leases.check_run`); adding one (`add_step`) has no effect and is
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ledger import leases, states
+from ledger import leases, shapes, states
 from ledger.canonical import scrub_text
 from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
 from ledger.inputs import (
@@ -43,7 +43,7 @@ from ledger.models import (
     StepState,
 )
 from ledger.models.execution import FactStatus
-from ledger.selectors.approvals import gate
+from ledger.selectors.approvals import Gate, gate
 from ledger.selectors.runs import run_records
 from ledger.states import State
 
@@ -256,27 +256,12 @@ class Resume:
     facts: tuple[Fact, ...]
     open_conflicts: tuple[FactConflict, ...]
     blocked_by_stale_facts: tuple[Operation, ...] = ()
+    # The approval gate of each planned operation, by its pk (the others are past it).
+    approvals: Mapping[int, Gate] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        """The view as plain JSON-ready data (times in ISO 8601)."""
-        return {
-            "run_id": self.run.run_id,
-            "tenant": self.run.tenant,
-            "objective": self.objective,
-            "token": self.token,
-            "holder": self.holder,
-            "steps": [_step_dict(s) for s in self.steps],
-            "open_operations": [_operation_dict(op) for op in self.open_operations],
-            "pending_obligations": [_obligation_dict(o) for o in self.pending_obligations],
-            "facts": [_fact_dict(f) for f in self.facts],
-            "open_conflicts": [
-                {"subject": c.subject, "predicate": c.predicate, "current_version":
-                 c.current.version, "candidate": c.candidate.value,
-                 "candidate_source": c.candidate.source} for c in self.open_conflicts
-            ],
-            "blocked_by_stale_facts": [_operation_dict(op)
-                                       for op in self.blocked_by_stale_facts],
-        }
+        """The view as plain JSON-ready data (times in ISO 8601): `shapes.hand_off`."""
+        return shapes.hand_off(self)
 
 
 def resume(run_id: str | Run, *, worker: str, ttl: timedelta = DEFAULT_RESUME_TTL) -> Resume:
@@ -317,77 +302,17 @@ def _view(run: Run, token: int | None, holder: str | None) -> Resume:
         facts=tuple(records.facts),
         open_conflicts=tuple(records.open_conflicts),
         blocked_by_stale_facts=_blocked_by_stale_facts(records.operations),
+        approvals={op.pk: gate(op) for op in records.operations
+                   if op.state == State.PLANNED},
     )
 
 
 def _blocked_by_stale_facts(operations) -> tuple[Operation, ...]:
     waiting = [op for op in operations
-               if op.state in (State.PLANNED, State.SAFE_TO_RETRY) and op.relies_on]
+               if op.state in states.SENDABLE and op.relies_on]
     if not waiting:
         return ()
     relied = {fact_id for op in waiting for fact_id in op.relies_on}
     current = set(Fact.objects.filter(pk__in=relied, status=FactStatus.CURRENT)
                   .values_list("pk", flat=True))
     return tuple(op for op in waiting if not set(op.relies_on) <= current)
-
-
-def _iso(value) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def _step_dict(step: Step) -> dict[str, Any]:
-    return {
-        "step_id": step.step_id,
-        "state": step.state,
-        "depends_on": sorted(d.step_id for d in step.depends_on.all()),
-        "started_at": _iso(step.started_at),
-        "committed_at": _iso(step.committed_at),
-    }
-
-
-def _operation_dict(op: Operation) -> dict[str, Any]:
-    """An open operation as a worker taking over needs it: its receipt, its next legal
-    moves and who makes each (`states.next_moves`), and for a planned one the approvals it
-    waits for (one query per planned operation; None for the others, which are past the
-    gate)."""
-    return {
-        "operation_id": op.operation_id,
-        "operation": op.operation,
-        "target": op.target,
-        "state": op.state,
-        "version": op.version,
-        "attempt": op.attempt,
-        "idempotency_key": op.idempotency_key,
-        "step_id": op.step.step_id if op.step_id else None,
-        "external_id": op.external_id,
-        "next_moves": states.next_moves(op.state),
-        "approval": _approval_dict(op) if op.state == states.State.PLANNED else None,
-    }
-
-
-def _approval_dict(op: Operation) -> dict[str, Any]:
-    current = gate(op)
-    return {"needed": current.needed, "live": current.have, "policies": current.patterns,
-            "denied_reason": current.denial}
-
-
-def _obligation_dict(obligation: Obligation) -> dict[str, Any]:
-    return {
-        "key": obligation.key,
-        "kind": obligation.kind,
-        "deadline": _iso(obligation.deadline),
-        "created_at": _iso(obligation.created_at),
-    }
-
-
-def _fact_dict(fact: Fact) -> dict[str, Any]:
-    return {
-        "subject": fact.subject,
-        "predicate": fact.predicate,
-        "value": fact.value,
-        "version": fact.version,
-        "source": fact.source,
-        "observed_at": _iso(fact.observed_at),
-        "recorded_at": _iso(fact.created_at),
-        "run_id": fact.run.run_id if fact.run_id else None,
-    }

@@ -75,6 +75,18 @@ TERMINAL: frozenset[str] = frozenset(s for s, targets in TRANSITIONS.items() if 
 # What the review desk waits on a person for, in the order its queue shows them.
 QUEUE_STATES: tuple[str, ...] = tuple(HUMAN_DECISIONS)
 NEEDS_REVIEW: frozenset[str] = frozenset(QUEUE_STATES)
+# The queue states a reconciler still works on (it may take them to reconciling): a person
+# is told of them only after a grace (ledger.notifications); the others at once.
+RECONCILABLE: frozenset[str] = frozenset(
+    s for s in QUEUE_STATES if S.RECONCILING in TRANSITIONS[s]
+)
+# The states a call may be sent from (they may move to submitted).
+SENDABLE: frozenset[str] = frozenset(s for s, to in TRANSITIONS.items() if S.SUBMITTED in to)
+# What an agent records of its own call (`receipts.mark_*`): sending it, and how a sent
+# call can end; in declaration order.
+AGENT_OUTCOMES: tuple[str, ...] = tuple(
+    s for s in State.values if s == S.SUBMITTED or s in TRANSITIONS[S.SUBMITTED]
+)
 # The decisions a reviewer may take, in the order the desk offers them.
 RESOLUTIONS: tuple[str, ...] = tuple(
     dict.fromkeys(to_state for decisions in HUMAN_DECISIONS.values() for to_state in decisions)

@@ -1,12 +1,19 @@
 """Every read the desk (and, through the same helpers, any other front end) needs, by noun.
 
+A principal is a desk user or an agent key (the HTTP API and the MCP tools ask here too):
+`ledger.access.tenants_for` answers for both, so each behaves the same.
+
 - `base`: `visible(principal, Model)`, the one tenant filter; `fetch_one`, the one
-  fetch-and-check; `capped_count`.
-- `pagination`: keyset pages on (timestamp, id), the one way every list pages.
+  fetch-and-check; `lookup_id`, the one check of an id before it is looked up;
+  `capped_count`.
+- `pagination`: keyset pages on (timestamp, id), or on a unique key (`key_page`), the one
+  way every list pages.
 - `operations`, `facts`, `runs`, `audit`, `retention`: the reads of each noun, and the
   `access_*` helpers that fetch one object and check the principal may see it
-  (`access_operation`, `access_conflict`, `access_run`, `access_policy`), raising
-  errors.NotFound or errors.PermissionDenied themselves.
+  (`access_operation`, `access_conflict`, `access_run`, `access_obligation`,
+  `access_policy`), raising errors.NotFound or errors.PermissionDenied themselves.
+  `access_operation` is one prepared statement (`ledger.prepared`), or none when the
+  agent key's authentication read the operation with it (`remember_read`).
 - `charts`: the overview's grouped counts (the queue's ages, unknown outcomes per
   operation); imported as `ledger.selectors.charts`.
 
@@ -18,10 +25,15 @@ purge's). The names below are re-exported, so `selectors.review_queue` keeps wor
 from ledger.selectors.approvals import (
     AWAITING_COUNT_CAP,
     ApprovalPanel,
+    ApprovalStatus,
+    Proposals,
     approval_panel,
     approval_policies,
+    approval_status,
     awaiting_count,
     awaiting_page,
+    pending_proposal,
+    proposals_of,
     visible_awaiting,
 )
 from ledger.selectors.audit import (
@@ -34,7 +46,7 @@ from ledger.selectors.audit import (
     audit_status_for,
     iter_audit_events,
 )
-from ledger.selectors.base import capped_count, fetch_one, visible
+from ledger.selectors.base import capped_count, fetch_one, lookup_id, taken_elsewhere, visible
 from ledger.selectors.facts import (
     ConflictDetail,
     access_conflict,
@@ -49,6 +61,7 @@ from ledger.selectors.operations import (
     QUEUE_STATES,
     SEARCH_MIN_FRAGMENT,
     OperationDetail,
+    OperationReceipt,
     QueueFilters,
     QueuePage,
     QueuePulse,
@@ -57,10 +70,13 @@ from ledger.selectors.operations import (
     can_claim,
     duplicates_of,
     operation_detail,
+    operation_receipt,
+    operations_page,
     queue_next,
     queue_pulse,
     queue_selection,
     queue_signature,
+    remember_read,
     resolutions_for,
     review_queue,
     visible_operations,
@@ -74,6 +90,7 @@ from ledger.selectors.runs import (
     ExecutionCounts,
     RunDetail,
     RunRecords,
+    access_obligation,
     access_run,
     execution_counts,
     overdue_page,
@@ -99,4 +116,7 @@ __all__ = [
     "awaiting_count", "awaiting_page", "visible_awaiting",
     "QueuePulse", "queue_pulse", "queue_signature",
     "SEARCH_MIN_FRAGMENT", "queue_next", "access_saved_view", "saved_views_for",
+    "ApprovalStatus", "approval_status", "OperationReceipt", "operation_receipt",
+    "operations_page", "remember_read", "access_obligation", "lookup_id", "taken_elsewhere",
+    "Proposals", "pending_proposal", "proposals_of",
 ]

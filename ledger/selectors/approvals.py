@@ -1,9 +1,13 @@
 """Reads of approvals: an operation's approval gate (which `ledger.approvals` asks too), the
-desk's "Awaiting approval" list, one operation's approval panel, and the policies page."""
+desk's "Awaiting approval" list, one operation's approval panel, the policies page, and the
+two-person rule's proposals (the pending one, which `ledger.transitions` completes, and the
+status of each)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import connection
 from django.db.models import Count, F, OuterRef, Q, Subquery
@@ -18,11 +22,13 @@ from ledger.models import (
     ApprovalPolicyChange,
     ApprovalRequest,
     Operation,
+    OperationEvent,
+    ResolutionProposal,
 )
 from ledger.models.approval_gate import gate_sql
 from ledger.selectors.base import capped_count, visible
 from ledger.selectors.pagination import Page, keyset_page
-from ledger.states import State
+from ledger.states import NEEDS_REVIEW, State
 
 AWAITING_COUNT_CAP = 500
 
@@ -73,6 +79,44 @@ _NEEDED = f"""(SELECT g.needed FROM ({gate_sql(op_id='"ledger_operation"."id"',
                                              operation='"ledger_operation"."operation"',
                                              fingerprint='"ledger_operation"."intent_fingerprint"')
                                     }) g)"""
+
+
+@dataclass(frozen=True)
+class ApprovalStatus:
+    """Where an operation stands with approvals, as an agent polls it: `status` one of
+    not_required, awaiting, approved, denied; `needed` people, `live` approvals of its
+    current fingerprint, the `policies` asking, a denial's reason, and the agent's request
+    (`requested`, its `note` and `requested_at`)."""
+
+    status: str
+    needed: int
+    live: int
+    policies: str
+    denied_reason: str | None
+    intent_fingerprint: str
+    requested: bool
+    note: str
+    requested_at: datetime | None
+
+
+def approval_status(op: Operation) -> ApprovalStatus:
+    """The operation's approval status now (two queries: the gate, the request)."""
+    current = gate(op)
+    asked = ApprovalRequest.objects.filter(operation_id=op.pk).first()
+    if current.denial is not None:
+        status = "denied"
+    elif current.needed == 0:
+        status = "not_required"
+    elif current.state != State.PLANNED or current.is_open:
+        status = "approved"
+    else:
+        status = "awaiting"
+    return ApprovalStatus(
+        status=status, needed=current.needed, live=current.have, policies=current.patterns,
+        denied_reason=current.denial, intent_fingerprint=current.intent_fingerprint,
+        requested=asked is not None, note=asked.note if asked is not None else "",
+        requested_at=asked.requested_at if asked is not None else None,
+    )
 
 
 def visible_awaiting(user, *, tenant: str = ""):
@@ -170,3 +214,53 @@ def approval_policies(user) -> dict:
         "policies": list(visible(user, ApprovalPolicy).select_related("updated_by")),
         "changes": list(visible(user, ApprovalPolicyChange)[:50]),
     }
+
+
+# --- the two-person rule's proposals -----------------------------------------------------
+
+
+def pending_proposal(op: Operation) -> ResolutionProposal | None:
+    """The proposal waiting for a second person on `op`: the latest one of its current
+    version (one of an older version is stale), or None (one query, none when `op` waits on
+    no person)."""
+    if op.state not in NEEDS_REVIEW:
+        return None
+    return (ResolutionProposal.objects.filter(operation_id=op.pk, version=op.version)
+            .order_by("-created_at", "-id").first())
+
+
+# What each proposal has become, as the desk says it.
+PROPOSAL_PENDING = "needs a second person"
+PROPOSAL_COMPLETED = "completed by a second person"
+PROPOSAL_REPLACED = "replaced by a later proposal"
+PROPOSAL_STALE = "stale: the operation changed since"
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """Every proposal of an operation, oldest first, each with its `status` (one of the
+    PROPOSAL_* texts), and the pending one (`pending_proposal`'s answer), if any."""
+
+    rows: list[ResolutionProposal]
+    pending: ResolutionProposal | None
+
+
+def proposals_of(op: Operation, events: Iterable[OperationEvent]) -> Proposals:
+    """The two-person proposals of `op` with their status (one query): the pending one
+    needs a second person; one an event of `events` (the operation's events, already read)
+    names as completed was completed by a second person; another of the current version was
+    replaced by a later proposal; one of an older version is stale."""
+    rows = list(op.proposals.order_by("created_at", "id"))
+    pending = next((p for p in reversed(rows) if p.version == op.version), None)
+    if op.state not in NEEDS_REVIEW:
+        pending = None
+    completed = {(ev.evidence or {}).get("two_person", {}).get("proposal_id")
+                 for ev in events if isinstance(ev.evidence, dict)}
+    for proposal in rows:
+        proposal.status = (
+            PROPOSAL_PENDING if proposal is pending
+            else PROPOSAL_COMPLETED if proposal.pk in completed
+            else PROPOSAL_REPLACED if proposal.version == op.version
+            else PROPOSAL_STALE
+        )
+    return Proposals(rows=rows, pending=pending)

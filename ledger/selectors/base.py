@@ -13,6 +13,7 @@ from django.db.models import Model, QuerySet
 
 from ledger import access
 from ledger.errors import NotFound
+from ledger.inputs import check_identifier
 
 
 def visible[M: Model](principal, rows: type[M] | QuerySet[M]) -> QuerySet[M]:
@@ -33,6 +34,24 @@ def fetch_one[M: Model](qs: QuerySet[M], what: str, **lookup) -> M:
         return qs.get(**lookup)
     except qs.model.DoesNotExist:
         raise NotFound(f"expected {what} among the tenants you may see, found none") from None
+
+
+def lookup_id(value, *, what: str, name: str, max_length: int) -> str:
+    """An id to fetch by, as a URL or a request gave it: anything but a string of 1 to
+    `max_length` characters names nothing (NotFound, "expected <what>, found ..."); one with
+    control characters, unpaired surrogates or surrounding whitespace is refused by the
+    input gate (InvalidInput naming `name`)."""
+    if not isinstance(value, str) or not 0 < len(value) <= max_length:
+        raise NotFound(f"expected {what}, found {value!r}")
+    return check_identifier(value, name, max_length)
+
+
+def taken_elsewhere(principal, rows: type[Model] | QuerySet, **lookup) -> bool:
+    """Whether a row matching `lookup` exists in a tenant `principal` may not see: a name
+    it asks to create is taken, without saying whose (one query)."""
+    qs = rows._default_manager.all() if isinstance(rows, type) else rows
+    found = qs.filter(**lookup).values_list("tenant", flat=True).first()
+    return found is not None and not access.can_see(principal, found)
 
 
 def capped_count(qs: QuerySet, cap: int) -> tuple[int, bool]:

@@ -15,7 +15,8 @@ from django.db.models import BooleanField, Count, OuterRef, Q, QuerySet, Subquer
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from ledger import access, states
+from ledger import access, rows, states
+from ledger.errors import NotFound
 from ledger.models import (
     Claim,
     Evidence,
@@ -26,8 +27,10 @@ from ledger.models import (
     ResolutionProposal,
 )
 from ledger.models.operations import Conflict, search_text_sql
-from ledger.selectors.base import fetch_one, visible
-from ledger.selectors.pagination import Page, check_per_page, keyset_page
+from ledger.prepared import prepared_cursor
+from ledger.selectors.approvals import ApprovalStatus, approval_status
+from ledger.selectors.base import fetch_one, lookup_id, visible
+from ledger.selectors.pagination import Page, check_per_page, key_page, keyset_page
 from ledger.states import RetryPolicy, State
 
 # The pseudo-state the queue uses for conflicting operations.
@@ -41,11 +44,97 @@ def visible_operations(user) -> QuerySet[Operation]:
     return visible(user, Operation)
 
 
+_ACCESS_OPERATION = (
+    f"SELECT {rows.OPERATION_COLUMNS} FROM {Operation._meta.db_table}"
+    " WHERE operation_id = %s AND (%s OR tenant = ANY(%s))"
+)
+
+
 def access_operation(user, operation_id: str) -> Operation:
-    """The operation `operation_id` if `user` may see its tenant; errors.NotFound otherwise
-    (another tenant's operation is reported exactly like a missing one). One query."""
-    return fetch_one(visible_operations(user), f"operation {operation_id!r}",
-                     operation_id=operation_id)
+    """The operation `operation_id` if `user` (a person or an agent key) may see its
+    tenant; errors.NotFound otherwise (another tenant's operation is reported exactly like
+    a missing one, and so is anything but an id of 1 to 40 characters); InvalidInput for
+    an id the input gate refuses.
+
+    One prepared statement, without the ORM's query compilation (every mark of every agent
+    comes through here), or none when the principal's authentication already read it
+    (`remember_read`).
+    """
+    lookup_id(operation_id, what="an operation id", name="operation_id", max_length=40)
+    read = getattr(user, "_operation_read", None)
+    if read is not None:
+        user._operation_read = None  # used once, by the request it was made for
+    if read is not None and read[0] == operation_id:
+        found = read[1]
+    else:
+        tenants = access.tenants_for(user)
+        with prepared_cursor() as cursor:
+            cursor.execute(_ACCESS_OPERATION,
+                           [operation_id, tenants is None, sorted(tenants or ())])
+            row = cursor.fetchone()
+        found = None if row is None else rows.operation_from_row(row)
+    if found is None:
+        raise NotFound(
+            f"expected operation {operation_id!r} among the tenants you may see, found none"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class OperationReceipt:
+    """One operation as an agent reads it back: the receipt, its events (oldest first),
+    its evidence and its approval status."""
+
+    operation: Operation
+    events: list[OperationEvent]
+    evidence: list[Evidence]
+    approval: ApprovalStatus
+
+
+def operation_receipt(user, operation_id: str) -> OperationReceipt:
+    """The operation `operation_id` with its events, evidence and approval status (as
+    `access_operation` fetches and checks it): four queries after that look-up."""
+    op = access_operation(user, operation_id)
+    status = approval_status(op)
+    return OperationReceipt(
+        operation=op, approval=status,
+        events=list(OperationEvent.objects.filter(operation=op).order_by("version")),
+        evidence=list(Evidence.objects.filter(operation=op).order_by("created_at", "id")),
+    )
+
+
+def remember_read(principal, operation_id: str, found: Operation | None) -> None:
+    """Leave what a read made along with `principal`'s authentication found for
+    `operation_id` (None: nothing it may see) to the next `access_operation` of that id by
+    that principal, which answers from it once instead of asking again."""
+    principal._operation_read = (operation_id, found)
+
+
+def operations_page(
+    user,
+    *,
+    state: str | None = None,
+    operation: str | None = None,
+    tenant: str | None = None,
+    idempotency_key: str | None = None,
+    cursor: str = "",
+    per_page: int = 50,
+) -> Page:
+    """Operations of the tenants `user` may see, newest first, filtered, keyset-paged on
+    the operation id (`next_cursor` is the last id shown, "" on the last page), with their
+    run and step loaded: one query per page. `idempotency_key` (with `operation`): a call's
+    receipt, looked up without recording anything."""
+    qs = visible_operations(user).select_related("run", "step")
+    if tenant is not None:
+        qs = qs.filter(tenant=tenant)
+    if idempotency_key is not None:
+        qs = qs.filter(idempotency_key=idempotency_key)
+    if state is not None:
+        qs = qs.filter(state=state)
+    if operation is not None:
+        qs = qs.filter(operation=operation)
+    return Page(**key_page(qs, "operation_id", cursor=cursor, per_page=per_page,
+                           descending=True))
 
 
 def _latest_evidence():

@@ -3,6 +3,8 @@
 A page is ordered on (a timestamp column, id) and continues after the last row shown: the
 `cursor` names that row's timestamp and id, so a page costs one query whatever its position
 and never counts the table (one row more than the page says whether a next page exists).
+A list ordered on a unique sortable key (the HTTP API's operations, on their ids) pages the
+same way on that key alone (`key_page`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,21 @@ def keyset_page(
     if cursor and rows:
         # Came here from a page before: it ends just before this page's first row.
         result["previous_cursor"] = _cursor_of(rows[0], column)
+    return result
+
+
+def key_page(qs: QuerySet, column: str, *, cursor: str = "", per_page: int = 50,
+             descending: bool) -> dict[str, Any]:
+    """One page of `qs` ordered on `column`, a unique and sortable key (an operation id),
+    after `cursor` (the key of the last row shown), as the fields of a `Page`: one query.
+    The cursor is the key itself, so the API's cursors read as the ids they are."""
+    per_page = check_per_page(per_page)
+    if cursor:
+        qs = qs.filter(**{f"{column}__{'lt' if descending else 'gt'}": cursor})
+    rows = list(qs.order_by(f"-{column}" if descending else column)[: per_page + 1])
+    result: dict[str, Any] = {"items": rows[:per_page], "per_page": per_page}
+    if len(rows) > per_page:
+        result["next_cursor"] = getattr(rows[per_page - 1], column)
     return result
 
 

@@ -23,7 +23,7 @@ from ledger.models import (
     Run,
     Step,
 )
-from ledger.selectors.base import capped_count, fetch_one, visible
+from ledger.selectors.base import capped_count, fetch_one, lookup_id, visible
 from ledger.selectors.facts import facts_of_run, visible_conflicts
 from ledger.selectors.pagination import Page, keyset_page
 
@@ -39,8 +39,19 @@ EPISODE_CHARS_SHOWN = 2000
 
 
 def access_run(user, run_id: str) -> Run:
-    """The run `run_id` if `user` may see its tenant; errors.NotFound otherwise. One query."""
+    """The run `run_id` if `user` (a person or an agent key) may see its tenant;
+    errors.NotFound otherwise, and for anything but an id of 1 to 100 characters;
+    InvalidInput for an id the input gate refuses. One query."""
+    lookup_id(run_id, what="a run id", name="run_id", max_length=100)
     return fetch_one(visible(user, Run), f"run {run_id!r}", run_id=run_id)
+
+
+def access_obligation(user, key: str) -> Obligation:
+    """The obligation `key` if `user` (a person or an agent key) may see its tenant;
+    errors.NotFound otherwise, and for anything but a key of 1 to 200 characters;
+    InvalidInput for a key the input gate refuses. One query."""
+    lookup_id(key, what="an obligation key", name="obligation_key", max_length=200)
+    return fetch_one(visible(user, Obligation), f"obligation {key!r}", key=key)
 
 
 @dataclass(frozen=True)
