@@ -221,7 +221,7 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
-# A failed CSRF check shows the desk's own page (templates/403_csrf.html).
+# A failed CSRF check shows the desk's own page (review/templates/review/403_csrf.html).
 CSRF_FAILURE_VIEW = "review.security.csrf_failure"
 
 # Login lockout (django-axes). After LEDGER_LOGIN_FAILURE_LIMIT wrong passwords for one

@@ -19,8 +19,9 @@ from django.core import checks
 @dataclass(frozen=True)
 class Setting:
     default: Any
-    kind: str  # "positive integer", "list of module names", "http(s) URL", "mapping of
-    #            names to secrets"
+    kind: str  # "positive integer", "positive number", "whole number", "boolean",
+    #            "list of module names", "http(s) URL", "mapping of names to secrets",
+    #            "secret (empty: off)"
     doc: str
 
 
@@ -118,6 +119,27 @@ SETTINGS: dict[str, Setting] = {
         "How long an outcome_unknown operation is left to the reconciler before it is told "
         "as an item in the queue (manual_review is told at once).",
     ),
+    # Operators' endpoints (review.views_ops: /healthz and /metrics; ledger.health).
+    "HEALTH_RECONCILE_BACKLOG_SECONDS": Setting(
+        300, "positive integer",
+        "/healthz warns when the oldest operation due for reconciliation has waited longer.",
+    ),
+    "HEALTH_SEAL_LAG_SECONDS": Setting(
+        30, "positive number",
+        "/healthz warns when the oldest committed event has waited longer for the sealer.",
+    ),
+    "METRICS_TOKEN": Setting(
+        "", "secret (empty: off)",
+        "The bearer token /metrics asks for (`Authorization: Bearer <token>`); while empty, "
+        "/metrics answers 404, because its labels name tenants.",
+    ),
+    # The desk behind reverse proxies (review.security).
+    "TRUSTED_PROXY_COUNT": Setting(
+        0, "whole number",
+        "How many reverse proxies in front of the desk append to X-Forwarded-For; the login "
+        "lockout counts failures against the address the outermost of them saw (0: "
+        "REMOTE_ADDR).",
+    ),
 }
 
 
@@ -146,6 +168,16 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
         if value == "" or (isinstance(value, str) and value.startswith(("http://", "https://"))
                            and "{trace_id}" in value and _formats(value)):
             return None
+    elif setting.kind == "positive number":
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return None
+    elif setting.kind == "whole number":
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return None
+    elif setting.kind == "secret (empty: off)":
+        if isinstance(value, str):
+            return None
+        return f"expected LEDGER_{name} to be a string, found {type(value).__name__}"
     elif setting.kind == "boolean":
         if isinstance(value, bool):
             return None

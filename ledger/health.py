@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, Literal
 
-from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.migrations.loader import MigrationLoader
 from django.utils import timezone
 
+from ledger import conf
 from ledger.states import State
 
 Severity = Literal["critical", "warning"]
@@ -176,7 +176,7 @@ def reconcile_backlog_seconds(now: datetime) -> float:
 @severity("warning")
 def reconcile_backlog(now: datetime) -> Check:
     """The oldest operation due for reconciliation waits less than the configured limit."""
-    limit = timedelta(seconds=settings.LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS)
+    limit = timedelta(seconds=conf.HEALTH_RECONCILE_BACKLOG_SECONDS)
     age = reconcile_backlog_seconds(now)
     if age > limit.total_seconds():
         return Check("reconcile_backlog", False, "warning",
@@ -193,7 +193,7 @@ def sealer_lag(now: datetime) -> Check:
     """The oldest committed event waits for the sealer less than the configured limit."""
     from ledger import chain
 
-    limit = settings.LEDGER_HEALTH_SEAL_LAG_SECONDS
+    limit = conf.HEALTH_SEAL_LAG_SECONDS
     lag = chain.seal_lag_seconds(now)
     if lag > limit:
         return Check("sealer_lag", False, "warning",

@@ -3,8 +3,9 @@ client address where it is trustworthy), and the CSRF failure page."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.shortcuts import render
+
+from ledger import conf
 
 
 def client_address(request) -> tuple[str | None, bool]:
@@ -16,7 +17,7 @@ def client_address(request) -> tuple[str | None, bool]:
     own claim and is never trusted). Behind proxies whose header is missing or too short,
     REMOTE_ADDR is a proxy's own address, shared by every client behind it: not trusted.
     """
-    proxies = settings.LEDGER_TRUSTED_PROXY_COUNT
+    proxies = conf.TRUSTED_PROXY_COUNT
     if proxies > 0:
         hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")
                 if h.strip()]
@@ -46,7 +47,7 @@ def lockout_parameters(request, credentials=None) -> list[str]:
 def csrf_failure(request, reason: str = ""):
     """A styled 403 instead of Django's bare page: the form expired or cookies are blocked.
     The reason is for the log only (it names internal checks)."""
-    return render(request, "403_csrf.html", status=403)
+    return render(request, "review/403_csrf.html", status=403)
 
 
 def locked_out(request, original_response=None, credentials=None):

@@ -11,14 +11,13 @@ from __future__ import annotations
 import hmac
 import json
 
-from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client.exposition import choose_encoder
 
-from ledger import health, metrics
+from ledger import conf, health, metrics
 
 
 def _problem(status: int, title: str, detail: str, **headers: str) -> HttpResponse:
@@ -43,7 +42,7 @@ def healthz(request):
 @never_cache
 @require_GET
 def metrics_view(request):
-    token = settings.LEDGER_METRICS_TOKEN
+    token = conf.METRICS_TOKEN
     if not token:
         return _problem(404, "Metrics are disabled",
                         "expected LEDGER_METRICS_TOKEN to be configured on the server, "

@@ -65,6 +65,12 @@ decision = client.post(
     {"to_state": "succeeded", "reason": "seen in the CMS", "version": op.version},
 )
 detail = client.get(decision["Location"])
+healthz = Client().get("/healthz")
+metrics = Client().get("/metrics")
+csrf_client = Client(enforce_csrf_checks=True)
+csrf_client.force_login(reviewer)
+csrf = csrf_client.post(f"/desk/operations/{op.operation_id}/resolve/",
+                        {"to_state": "abandoned", "reason": "no token", "version": 1})
 op.refresh_from_db()
 event = OperationEvent.objects.filter(operation=op).order_by("-version").first()
 
@@ -78,6 +84,9 @@ print("RESULT " + json.dumps({
     "queue": [queue.status_code, queue.content.decode()],
     "decision": [decision.status_code, decision.get("Location", "")],
     "detail": [detail.status_code, detail.content.decode()],
+    "healthz": [healthz.status_code, healthz.json()],
+    "metrics": [metrics.status_code, metrics["Content-Type"], metrics.json()],
+    "csrf": [csrf.status_code, csrf.content.decode()],
     "settings": {name: getattr(conf, name) for name in conf.SETTINGS},
     "stylesheet_found": finders.find("desk/desk.css") is not None,
     "has_absolute_url": hasattr(Operation, "get_absolute_url"),
@@ -134,7 +143,10 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
                                   "NOTIFY_BACKOFF_SECONDS": 30,
                                   "NOTIFY_BACKOFF_CAP_SECONDS": 3600,
                                   "NOTIFY_TIMEOUT_SECONDS": 10,
-                                  "NOTIFY_QUEUE_GRACE_SECONDS": 60}
+                                  "NOTIFY_QUEUE_GRACE_SECONDS": 60,
+                                  "HEALTH_RECONCILE_BACKLOG_SECONDS": 300,
+                                  "HEALTH_SEAL_LAG_SECONDS": 30, "METRICS_TOKEN": "",
+                                  "TRUSTED_PROXY_COUNT": 0}
     assert result["has_absolute_url"] is False
     assert result["stylesheet_found"] is True
     assert result["intent_headers"] == {"Authorization": "[redacted]"}
@@ -156,6 +168,21 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
     assert result["decision"] == [302, op_page]
     detail_status, detail_body = result["detail"]
     assert detail_status == 200 and "Recorded: " in detail_body
+
+    # The operators' endpoints read their settings' defaults (ledger/conf.py): /healthz
+    # runs every check; /metrics is off while no token is set.
+    healthz_status, healthz_body = result["healthz"]
+    assert healthz_status == 200 and healthz_body["status"] in ("ok", "warn")
+    assert {"database", "migrations", "reconcile_backlog", "sealer_lag"} <= set(
+        healthz_body["checks"])
+    assert healthz_body["checks"]["database"]["ok"] is True
+    metrics_status, metrics_type, metrics_body = result["metrics"]
+    assert (metrics_status, metrics_type) == (404, "application/problem+json")
+    assert "LEDGER_METRICS_TOKEN" in metrics_body["detail"]
+    # A POST without its CSRF token gets the desk's own page, from inside `review`.
+    csrf_status, csrf_body = result["csrf"]
+    assert csrf_status == 403 and "This form could not be accepted" in csrf_body
+    assert 'href="/static/desk/desk.css"' in csrf_body
 
 
 def _imported_modules(path: Path) -> set[str]:

@@ -30,6 +30,10 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "NOTIFY_BACKOFF_CAP_SECONDS": 3600,
         "NOTIFY_TIMEOUT_SECONDS": 10,
         "NOTIFY_QUEUE_GRACE_SECONDS": 60,
+        "HEALTH_RECONCILE_BACKLOG_SECONDS": 300,
+        "HEALTH_SEAL_LAG_SECONDS": 30,
+        "METRICS_TOKEN": "",
+        "TRUSTED_PROXY_COUNT": 0,
     }
     assert check_settings() == []
 
@@ -63,6 +67,11 @@ def test_an_unknown_setting_name_says_which_exist():
     ("RECONCILER_MODULES", ["demo.simulated.articles", ""]),
     ("DESK_URL", "desk.example"),
     ("NOTIFY_MAX_ATTEMPTS", 0),
+    ("HEALTH_SEAL_LAG_SECONDS", 0),
+    ("HEALTH_SEAL_LAG_SECONDS", "30"),
+    ("HEALTH_RECONCILE_BACKLOG_SECONDS", 2.5),
+    ("TRUSTED_PROXY_COUNT", -1),
+    ("TRUSTED_PROXY_COUNT", True),
 ])
 def test_a_malformed_setting_is_refused_by_the_system_check(settings, name, value):
     setattr(settings, f"LEDGER_{name}", value)
@@ -78,3 +87,17 @@ def test_a_malformed_webhook_secrets_setting_is_refused_without_printing_a_secre
     assert error.msg == ("expected LEDGER_WEBHOOK_SECRETS to be a mapping of names to "
                          "secrets, found a mapping with an empty name or secret")
     assert "NeverPrinted" not in error.msg
+
+
+def test_a_metrics_token_that_is_not_text_is_refused_without_printing_it(settings):
+    settings.LEDGER_METRICS_TOKEN = 4815162342
+    [error] = check_settings()
+    assert error.msg == "expected LEDGER_METRICS_TOKEN to be a string, found int"
+    assert "4815162342" not in error.msg
+
+
+def test_the_operators_settings_are_read_through_the_registry(settings):
+    settings.LEDGER_TRUSTED_PROXY_COUNT = 2
+    settings.LEDGER_HEALTH_SEAL_LAG_SECONDS = 0.5
+    assert (conf.TRUSTED_PROXY_COUNT, conf.HEALTH_SEAL_LAG_SECONDS) == (2, 0.5)
+    assert check_settings() == []

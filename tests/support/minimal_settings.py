@@ -62,6 +62,8 @@ DATABASES = {
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGIN_URL = "/accounts/login/"
+# The desk's own page for a failed CSRF check (its template ships inside `review`).
+CSRF_FAILURE_VIEW = "review.security.csrf_failure"
 STATIC_URL = "static/"
 USE_TZ = True
 TIME_ZONE = "UTC"
