@@ -57,11 +57,10 @@ from ledger.models import (
     ApprovalPolicyChange,
     ApprovalRequest,
     Operation,
-    ResolutionProposal,
 )
 from ledger.models.approval_gate import GATE_HINT, pattern_matches_sql
-from ledger.selectors.approvals import Gate, gate
-from ledger.states import NEEDS_REVIEW, RetryPolicy, State
+from ledger.selectors.approvals import Gate, gate, pending_proposal  # noqa: F401 (a read)
+from ledger.states import RetryPolicy, State
 
 # How long an approval lasts when no policy says (an agent asked on its own).
 DEFAULT_TTL = timedelta(hours=24)
@@ -137,15 +136,6 @@ def takes_two_people(op: Operation, to_state: str) -> bool:
     if to_state == State.SAFE_TO_RETRY and op.retry_policy == RetryPolicy.NEVER:
         return True
     return policies_for(op.tenant, op.operation).filter(consequential=True).exists()
-
-
-def pending_proposal(op: Operation) -> ResolutionProposal | None:
-    """The proposal waiting for a second person on `op`: the latest one of its current
-    version (one of an older version is stale), or None."""
-    if op.state not in NEEDS_REVIEW:
-        return None
-    return (ResolutionProposal.objects.filter(operation_id=op.pk, version=op.version)
-            .order_by("-created_at", "-id").first())
 
 
 # --- what an operation needs ------------------------------------------------------------------

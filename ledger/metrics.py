@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ledger import health
-from ledger.states import TERMINAL, State
+from ledger.states import QUEUE_STATES, TERMINAL, State
 
 WINDOW = timedelta(minutes=5)
 WAITING_STATES = [s for s in State.values if s not in TERMINAL]
@@ -101,16 +101,15 @@ def oldest_waiting(now: datetime) -> Iterable[Metric]:
         "ledger_oldest_waiting_seconds",
         "Age of the oldest item waiting in each desk queue (0 when the queue is empty)",
         labels=["queue"])
-    (unknown, review, conflict, overdue), = _rows(
-        f"""SELECT
-              (SELECT min(state_changed_at) FROM ledger_operation
-                WHERE state = '{State.OUTCOME_UNKNOWN}'),
-              (SELECT min(state_changed_at) FROM ledger_operation
-                WHERE state = '{State.MANUAL_REVIEW}'),
+    # One column per queue state of the desk (states.QUEUE_STATES), then the two others.
+    per_state = "".join("(SELECT min(state_changed_at) FROM ledger_operation"
+                        " WHERE state = %s), " for _ in QUEUE_STATES)
+    (*oldest, conflict, overdue), = _rows(
+        f"""SELECT {per_state}
               (SELECT min(created_at) FROM ledger_factconflict WHERE state = 'open'),
               (SELECT min(deadline) FROM ledger_obligation
-                WHERE state = 'open' AND deadline < %s)""", [now])
-    for queue, since in (("outcome_unknown", unknown), ("manual_review", review),
+                WHERE state = 'open' AND deadline < %s)""", [*QUEUE_STATES, now])
+    for queue, since in (*zip(QUEUE_STATES, oldest, strict=True),
                          ("fact_conflict", conflict), ("overdue_obligation", overdue)):
         family.add_metric([queue], max(0.0, (now - since).total_seconds()) if since else 0.0)
     yield family

@@ -61,7 +61,7 @@ from ledger.models.notifications import (
     NotificationChannelChange,
     NotificationSent,
 )
-from ledger.states import State
+from ledger.states import QUEUE_STATES, RECONCILABLE, State
 
 Reason = NotificationSent.Reason
 Kind = NotificationChannel.Kind
@@ -350,11 +350,17 @@ def verify_signature(secret: str, *, timestamp: str, signature_header: str, body
 # --- collect: what each channel has not been told yet ----------------------------------------
 
 
+def _sql_states(states, *, excluding=frozenset()) -> str:
+    """States as SQL literals (they are the State enum's own values, never input)."""
+    return ", ".join(f"'{state}'" for state in states if state not in excluding)
+
+
 def _candidates_sql(channel: NotificationChannel) -> str:
     """The items `channel` may be told about, as (reason, item_key, op_id, since) rows."""
     match = pattern_matches_sql("o.operation", "%(pattern)s")
-    queue_states = f"""(o.state = '{State.MANUAL_REVIEW}'
-                        OR (o.state = '{State.OUTCOME_UNKNOWN}'
+    # A state the reconciler still works on is told after the grace; the others at once.
+    queue_states = f"""(o.state IN ({_sql_states(QUEUE_STATES, excluding=RECONCILABLE)})
+                        OR (o.state IN ({_sql_states(RECONCILABLE)})
                             AND o.state_changed_at <= %(grace)s))"""
     parts = []
     if channel.on_queue:
@@ -379,7 +385,7 @@ def _candidates_sql(channel: NotificationChannel) -> str:
                                 o.state_changed_at AS since
                            FROM ledger_operation o
                           WHERE o.tenant = %(tenant)s
-                            AND o.state IN ('{State.MANUAL_REVIEW}', '{State.OUTCOME_UNKNOWN}')
+                            AND o.state IN ({_sql_states(QUEUE_STATES)})
                             AND o.state_changed_at <= %(stuck)s AND {match}""")
         parts.append(f"""SELECT 'stuck' AS reason, o.operation_id AS item_key, o.id AS op_id,
                                 r.requested_at AS since

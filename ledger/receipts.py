@@ -28,7 +28,6 @@ from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidInput,
-    SecondPersonRequired,
 )
 from ledger.inputs import (
     PG_BIGINT_MAX,
@@ -47,7 +46,7 @@ from ledger.inputs import (
     describe_exception,
     storable_text,
 )
-from ledger.models import Fact, Operation, ResolutionProposal, Run, Step
+from ledger.models import Fact, Operation, Run, Step
 from ledger.models.execution import FactStatus
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
@@ -550,7 +549,8 @@ def resolve(
     the same again: SecondPersonRequired. A different decision records a new proposal that
     replaces the pending one (who disagrees proposes; nobody decides alone). A proposal of
     a version that has since changed is stale: it no longer counts. PostgreSQL refuses such
-    a decision without a matching proposal by someone else.
+    a decision without a matching proposal by someone else. The operation returned says
+    whether this call recorded a proposal (`proposal_recorded`).
     """
     check_choice(to_state, "to_state", states.RESOLUTIONS)
     reason = check_reason(reason)
@@ -578,44 +578,25 @@ def resolve(
     if op.conflict == Conflict.AMBIGUOUS:
         changes["conflict"] = ""  # a person has decided between the matches
     if not approvals.takes_two_people(op, to_state):
-        return transitions.by_person(
+        op = transitions.by_person(
             op, to_state, user=user, reason=reason, expected_version=expected_version,
             changes=changes,
         )
+        op.proposal_recorded = False
+        return op
     return _resolve_by_two(op, to_state, user=user, reason=reason, changes=changes,
                            version=op.version if expected_version is None else expected_version)
 
 
 def _resolve_by_two(op: Operation, to_state: str, *, user, reason: str,
                     changes: dict[str, Any], version: int) -> Operation:
-    """The two-person rule of `resolve`: propose, or complete another person's proposal."""
-    with transaction.atomic(durable=True):
-        current = Operation.objects.select_for_update().filter(pk=op.pk).first()
-        if current is None or current.version != version:
-            raise transitions.stale_version_error(op, op.state, version)
-        pending = approvals.pending_proposal(current)
-        if pending is not None and pending.to_state == to_state:
-            if pending.proposed_by_id == user.pk:
-                raise SecondPersonRequired(
-                    f"expected a person other than {user.get_username()} to complete the "
-                    f"proposal {to_state} of operation {op.operation_id} (version {version}), "
-                    f"found {user.get_username()} proposed it at "
-                    f"{pending.created_at:%Y-%m-%d %H:%M:%S} UTC; the decision takes two people"
-                )
-            if pending.external_id and "external_id" not in changes:
-                changes = {**changes, "external_id": pending.external_id}
-            transitions.by_second_person(current, to_state, user=user, reason=reason,
-                                         proposal=pending, expected_version=version,
-                                         changes=changes)
-        else:
-            ResolutionProposal.objects.create(
-                operation=current, tenant=current.tenant, to_state=to_state, version=version,
-                external_id=changes.get("external_id") or "", proposed_by=user,
-                proposed_by_name=user.get_username(), reason=reason,
-                created_at=timezone.now(),
-            )
+    """The two-person rule of `resolve` (`transitions.by_two_people`): propose, or complete
+    another person's proposal; `op` updated in place."""
+    current = transitions.by_two_people(op, to_state, user=user, reason=reason,
+                                        version=version, changes=changes)
     for field in Operation._meta.concrete_fields:
         setattr(op, field.attname, getattr(current, field.attname))
+    op.proposal_recorded = current.proposal_recorded
     return op
 
 
@@ -684,15 +665,15 @@ def acknowledge(
     return op
 
 
-# --- the integration kit (ledger.actions), read here as receipts.<name> ----------------------
+# --- the agent integration kit (ledger.agent_kit), read here as receipts.<name> -----------
 
 _KIT = frozenset({"action", "step_scope", "retries_due", "arecord_intent", "amark_submitted",
                   "amark_succeeded", "amark_rejected", "amark_outcome_unknown", "asubmit"})
 
 
 def __getattr__(name: str):
-    # Lazy: ledger.actions builds on this module, so it cannot be imported at its top.
+    # Lazy: ledger.agent_kit builds on this module, so it cannot be imported at its top.
     if name in _KIT:
-        from ledger import actions
-        return getattr(actions, name)
+        from ledger import agent_kit
+        return getattr(agent_kit, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -70,14 +70,16 @@ from ledger.errors import (
     DependencyNotMet,
     IllegalTransition,
     InvalidInput,
+    SecondPersonRequired,
     StaleFact,
     StaleFencingToken,
     StaleVersion,
 )
 from ledger.inputs import PG_INTEGER_MAX, check_json, check_user, storable
-from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models import Evidence, Operation, OperationEvent, ResolutionProposal
 from ledger.models.operations import DEPENDENCY_HINT, FENCE_HINT, STALE_FACT_HINT, Conflict
 from ledger.prepared import prepared_cursor
+from ledger.selectors.approvals import pending_proposal
 from ledger.states import ActorKind, State
 
 # --- who changes what ----------------------------------------------------------------------
@@ -206,6 +208,55 @@ def by_second_person(
     return _apply(op, to_state, actor_kind=ActorKind.HUMAN, actor_id=user.get_username(),
                   decided_by=user.pk, reason=reason, expected_version=expected_version,
                   changes=changes, evidence=evidence)
+
+
+def by_two_people(
+    op: Operation,
+    to_state: str,
+    *,
+    user,
+    reason: str,
+    version: int,
+    changes: Mapping[str, Any] | None = None,
+) -> Operation:
+    """A person's decision under the two-person rule (`receipts.resolve`, which checks
+    permissions and input first), in one transaction of its own: with the row locked at
+    `version` (StaleVersion otherwise), a pending proposal of the same move by someone else
+    is completed (`by_second_person`, the proposal's external id carried over); the
+    proposer's own again raises SecondPersonRequired; anything else records this person's
+    decision as the proposal (replacing a pending one of another move).
+
+    Returns the operation as it now stands, with `proposal_recorded` saying whether this
+    call recorded a proposal (the operation then stays as it was).
+    """
+    changes = dict(changes or {})
+    with transaction.atomic(durable=True):
+        current = Operation.objects.select_for_update().filter(pk=op.pk).first()
+        if current is None or current.version != version:
+            raise stale_version_error(op, op.state, version)
+        pending = pending_proposal(current)
+        if pending is not None and pending.to_state == to_state:
+            if pending.proposed_by_id == user.pk:
+                raise SecondPersonRequired(
+                    f"expected a person other than {user.get_username()} to complete the "
+                    f"proposal {to_state} of operation {op.operation_id} (version {version}), "
+                    f"found {user.get_username()} proposed it at "
+                    f"{pending.created_at:%Y-%m-%d %H:%M:%S} UTC; the decision takes two people"
+                )
+            if pending.external_id and "external_id" not in changes:
+                changes["external_id"] = pending.external_id
+            by_second_person(current, to_state, user=user, reason=reason, proposal=pending,
+                             expected_version=version, changes=changes)
+            current.proposal_recorded = False
+        else:
+            ResolutionProposal.objects.create(
+                operation=current, tenant=current.tenant, to_state=to_state, version=version,
+                external_id=changes.get("external_id") or "", proposed_by=user,
+                proposed_by_name=user.get_username(), reason=reason,
+                created_at=timezone.now(),
+            )
+            current.proposal_recorded = True
+    return current
 
 
 def by_reconciler(

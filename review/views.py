@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from ledger import bulk, errors, receipts, saved_views, selectors, states
+from ledger import bulk, errors, receipts, saved_views, selectors, shapes, states
 from ledger.states import State
 from review.forms import (
     ACTION_LABELS,
@@ -193,8 +193,6 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "approval": selectors.approval_panel(request.user, op),
         "approval_form": approval_form or ApprovalDecisionForm(),
         "approval_actions": DECISION_LABELS,
-        # The two-person rule of receipts.resolve: every proposal, and the pending one.
-        "proposals": list(op.proposals.order_by("created_at", "id")),
         # A decision was just recorded: "Next item" takes the focus.
         "just_decided": just_decided,
         # Safe to retry is legal but not this reviewer's to take: say why (the policy).
@@ -203,17 +201,9 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         and State.SAFE_TO_RETRY not in detail.resolutions,
         **view_context(request.GET),
     }
-    context["proposal"] = next((p for p in reversed(context["proposals"])
-                                if p.version == op.version and op.needs_review), None)
-    completed = {(ev.evidence or {}).get("two_person", {}).get("proposal_id")
-                 for ev in detail.events if isinstance(ev.evidence, dict)}
-    for proposal in context["proposals"]:
-        proposal.status = (
-            "needs a second person" if proposal is context["proposal"]
-            else "completed by a second person" if proposal.pk in completed
-            else "replaced by a later proposal" if proposal.version == op.version
-            else "stale: the operation changed since"
-        )
+    # The two-person rule of receipts.resolve: every proposal with its status, the pending one.
+    proposals = selectors.proposals_of(op, detail.events)
+    context["proposals"], context["proposal"] = proposals.rows, proposals.pending
     return _render(request, "review/operation.html", "decision", context, status=status)
 
 
@@ -227,7 +217,6 @@ def resolve(request, operation_id: str):
     if not form.is_valid():
         return _detail(request, operation_id, form=form, status=422)
     to_state = form.cleaned_data["to_state"]
-    version = form.cleaned_data["version"]
     decided = False
     try:
         receipts.resolve(
@@ -242,7 +231,7 @@ def resolve(request, operation_id: str):
         messages.error(request, f"Nothing recorded: {exc}")
     else:
         decided = True
-        if op.version == version:  # the first of two people: a proposal
+        if op.proposal_recorded:  # the first of two people
             messages.info(
                 request, f"Proposed: {ACTION_LABELS[to_state]} on {op.operation_id}; it takes "
                 "a second person: a different reviewer choosing the same decision completes it."
@@ -320,8 +309,7 @@ def audit(request):
     return _render(request, "review/audit.html", "results", context)
 
 
-CSV_COLUMNS = ["time", "operation_id", "tenant", "operation", "version", "from_state",
-               "to_state", "actor_kind", "actor_id", "reason"]
+CSV_COLUMNS = list(shapes.AUDIT_COLUMNS)
 
 
 @require_GET
@@ -336,11 +324,8 @@ def audit_csv(request):
     def rows():
         yield writer.writerow(CSV_COLUMNS)
         for event in events:
-            yield writer.writerow([csv_safe(value) for value in (
-                event.created_at.isoformat(), event.operation.operation_id, event.tenant,
-                event.operation.operation, event.version, event.from_state, event.to_state,
-                event.actor_kind, event.actor_id, event.reason,
-            )])
+            yield writer.writerow([csv_safe(value)
+                                   for value in shapes.audit_event(event).values()])
 
     response = StreamingHttpResponse(rows(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'

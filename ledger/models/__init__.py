@@ -8,6 +8,7 @@ from ledger.models.approvals import (
     ApprovalRequest,
     ResolutionProposal,
 )
+from ledger.models.chain import AuditVerification, ChainAnchor, ChainHead
 from ledger.models.coordination import (
     Lease,
     Run,
@@ -36,9 +37,6 @@ from ledger.models.notifications import (
 )
 from ledger.models.operations import Evidence, Operation, OperationEvent
 from ledger.models.retention import (
-    AuditVerification,
-    ChainAnchor,
-    ChainHead,
     PurgeRun,
     Redaction,
     RetentionChange,

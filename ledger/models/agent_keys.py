@@ -6,6 +6,7 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.changes import ChangeRecord
 from ledger.models.triggers import Protect
 
 
@@ -57,7 +58,7 @@ class AgentKey(models.Model):
         return False
 
 
-class AgentKeyChange(models.Model):
+class AgentKeyChange(ChangeRecord):
     """Who created or revoked an agent key, and when. Append-only."""
 
     class Action(models.TextChoices):
@@ -75,8 +76,6 @@ class AgentKeyChange(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.DO_NOTHING, related_name="+",
         db_constraint=False,
     )
-    changed_by_name = models.CharField(max_length=150)
-    changed_at = models.DateTimeField()
 
     class Meta:
         ordering = ["-changed_at", "-id"]

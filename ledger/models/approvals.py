@@ -10,6 +10,7 @@ checks it again on every planned -> submitted (`gate_sql`, used by the trigger o
 from django.conf import settings
 from django.db import models
 
+from ledger.models.changes import ChangeRecord
 from ledger.models.operations import AppendOnly
 
 
@@ -64,7 +65,7 @@ class ApprovalPolicy(models.Model):
         }
 
 
-class ApprovalPolicyChange(models.Model):
+class ApprovalPolicyChange(ChangeRecord):
     """Who set an approval policy, what it was before and after. Append-only."""
 
     tenant = models.CharField(max_length=100)
@@ -75,8 +76,6 @@ class ApprovalPolicyChange(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
         related_name="+",
     )
-    changed_by_name = models.CharField(max_length=150)
-    changed_at = models.DateTimeField()
 
     class Meta:
         ordering = ["-changed_at", "-id"]

@@ -18,6 +18,7 @@ channel (one message, however many items); every delivery attempt is a `Delivery
 from django.conf import settings
 from django.db import models
 
+from ledger.models.changes import ChangeRecord
 from ledger.models.operations import AppendOnly
 
 
@@ -89,7 +90,7 @@ class NotificationChannel(models.Model):
         return self.url if self.kind == self.Kind.WEBHOOK else ", ".join(self.recipients)
 
 
-class NotificationChannelChange(models.Model):
+class NotificationChannelChange(ChangeRecord):
     """Who changed a notification channel, what it was before and after. Append-only."""
 
     channel = models.ForeignKey(NotificationChannel, on_delete=models.PROTECT,
@@ -101,8 +102,6 @@ class NotificationChannelChange(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
         related_name="+",
     )
-    changed_by_name = models.CharField(max_length=150)
-    changed_at = models.DateTimeField()
 
     class Meta:
         ordering = ["-changed_at", "-id"]

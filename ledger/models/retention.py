@@ -1,9 +1,11 @@
-"""Retention policies, their audit trail, purge runs, and the tamper-evident chain heads."""
+"""Retention policies, their audit trail, purge runs and redactions (the chains they keep
+intact: `ledger.models.chain`)."""
 
 import pgtrigger
 from django.conf import settings
 from django.db import models
 
+from ledger.models.changes import ChangeRecord
 from ledger.models.triggers import Protect
 
 # The one policy that always exists: it governs every operation no other policy matches.
@@ -74,7 +76,7 @@ class RetentionPolicy(models.Model):
         }
 
 
-class RetentionChange(models.Model):
+class RetentionChange(ChangeRecord):
     """Who changed a retention policy, what it was before and after. Append-only."""
 
     class Action(models.TextChoices):
@@ -93,10 +95,8 @@ class RetentionChange(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.DO_NOTHING, related_name="+",
         db_constraint=False,
     )
-    changed_by_name = models.CharField(max_length=150)
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
-    changed_at = models.DateTimeField()
 
     class Meta:
         ordering = ["-changed_at", "-id"]
@@ -167,75 +167,3 @@ class Redaction(models.Model):
 
     def __str__(self):
         return f"{self.operation_ref} redacted at {self.redacted_at:%Y-%m-%d %H:%M}"
-
-
-class ChainHead(models.Model):
-    """The latest link of one hash chain (`chain`, per tenant): its sequence and hash.
-
-    Written only by the upsert of `ledger.chain.link` (and its CTE in the statements of
-    `ledger.transitions`), which locks this row so concurrent writers of one tenant take
-    turns and never fork the chain.
-    """
-
-    chain = models.CharField(max_length=40)
-    tenant = models.CharField(max_length=100)
-    seq = models.BigIntegerField()
-    hash = models.CharField(max_length=64)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["chain", "tenant"], name="chain_head_unique"),
-        ]
-        ordering = ["chain", "tenant"]
-
-    def __str__(self):
-        return f"{self.chain}/{self.tenant} at {self.seq}: {self.hash[:12]}"
-
-
-class ChainAnchor(models.Model):
-    """The seq and hash of a purged link whose successor remains: the chain resumes here.
-
-    Written by the purge in the batch that deleted the link. Append-only.
-    """
-
-    chain = models.CharField(max_length=40)
-    tenant = models.CharField(max_length=100)
-    seq = models.BigIntegerField()
-    hash = models.CharField(max_length=64)
-    purge_run = models.ForeignKey(PurgeRun, on_delete=models.PROTECT, related_name="anchors")
-    created_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["chain", "tenant", "seq"], name="chain_anchor_unique"),
-        ]
-        ordering = ["chain", "tenant", "seq"]
-        triggers = [
-            Protect(
-                name="chain_anchor_append_only", operation=pgtrigger.Update | pgtrigger.Delete
-            ),
-        ]
-
-    def __str__(self):
-        return f"anchor {self.chain}/{self.tenant} at {self.seq}"
-
-
-class AuditVerification(models.Model):
-    """One run of `manage.py verify_audit`: what it checked and the first broken link."""
-
-    actor = models.CharField(max_length=200)
-    started_at = models.DateTimeField()
-    finished_at = models.DateTimeField()
-    links_checked = models.PositiveBigIntegerField()
-    is_intact = models.BooleanField()
-    first_break = models.JSONField(null=True, blank=True)
-    # Per chain and tenant: seq, hash, links_checked, is_intact, and for operation events
-    # the operations and evidence rows checked against them (ledger.chain.verify).
-    heads = models.JSONField(default=list)
-
-    class Meta:
-        ordering = ["-finished_at", "-id"]
-
-    def __str__(self):
-        verdict = "intact" if self.is_intact else "BROKEN"
-        return f"verified {self.finished_at:%Y-%m-%d %H:%M}: {verdict}"

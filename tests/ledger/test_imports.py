@@ -3,7 +3,7 @@
 Read from the source with `ast` (every import, at module level or inside a function), so a
 cycle hidden behind a function-level import is found too. One exception: a module-level
 `__getattr__` (PEP 562) that re-exports names of a module built on this one (receipts
-offers the agent kit of `ledger.actions` as `receipts.action`, ...) is an alias, not a
+offers the agent kit of `ledger.agent_kit` as `receipts.action`, ...) is an alias, not a
 dependency of the module it sits in.
 """
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from ledger import receipts, runs, tracing, transitions
+from ledger import receipts, runs, states, tracing, transitions
 from ledger.canonical import scrub_text
 from ledger.errors import (
     InvalidInput,
@@ -202,7 +202,7 @@ def action(
 
         def start(op: Operation) -> tuple[bool, Any]:
             """(True, None) when the caller should send now, else (False, stored result)."""
-            if op.state in (State.PLANNED, State.SAFE_TO_RETRY):
+            if op.state in states.SENDABLE:
                 try:
                     _submitted(op, op._ledger_fencing_token, in_flight_for)
                 except StaleVersion:
