@@ -32,7 +32,6 @@ if TYPE_CHECKING:
         Run,
         Step,
     )
-    from ledger.runs import Resume
     from ledger.selectors.approvals import ApprovalStatus, Gate
 
 
@@ -458,8 +457,9 @@ class ResumeOut(BaseModel):
         "superseded: re-read the facts and plan again.")
 
 
-def hand_off(view: Resume) -> dict[str, Any]:
-    """The hand-off view of a run (ResumeOut): what a worker taking it over must know."""
+def hand_off(view) -> dict[str, Any]:
+    """The hand-off view of a run (ResumeOut), from a `runs.Resume` (which offers it as
+    `as_dict()`): what a worker taking the run over must know."""
     return {
         "run_id": view.run.run_id,
         "tenant": view.run.tenant,
