@@ -8,6 +8,7 @@ and the endpoints answer with those components.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import jsonschema
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(scope="module")
 def openapi() -> dict:
+    """The document as /api/v1/openapi.json serves it."""
     from api.http import api
 
-    return api.get_openapi_schema()
+    return json.loads(json.dumps(api.get_openapi_schema()))
 
 
 def _hold(openapi: dict, component: str, data: dict) -> None:
@@ -107,6 +109,9 @@ def test_each_component_of_the_document_is_generated_from_its_shape(openapi, mod
     component = openapi["components"]["schemas"][model.__name__]
     generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
     generated.pop("$defs", None)
+    # The document leaves out the defaults of response fields (a response carries each).
+    for field in generated["properties"].values():
+        field.pop("default", None)
     assert component == generated
 
 
