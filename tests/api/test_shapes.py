@@ -76,6 +76,7 @@ def test_every_shape_has_exactly_its_components_properties_and_validates(openapi
     assert events and evidence_rows and records["candidate"].is_candidate
 
     _hold(openapi, "OperationOut", shapes.operation(op))
+    _hold(openapi, "RecordedOut", shapes.recorded(op, submitted_now=False))
     for row in events:
         _hold(openapi, "EventOut", shapes.event(row))
     _hold(openapi, "EvidenceOut", shapes.evidence(evidence_rows[0]))
@@ -103,7 +104,8 @@ def test_every_shape_has_exactly_its_components_properties_and_validates(openapi
     shapes.OperationApprovalOut, shapes.OperationDetailOut, shapes.OperationPage,
     shapes.FactOut, shapes.RunOut, shapes.StepOut, shapes.ObligationOut, shapes.ResumeOut,
     shapes.HandOffStep, shapes.HandOffOperation, shapes.HandOffObligation,
-    shapes.HandOffFact, shapes.HandOffConflict,
+    shapes.HandOffFact, shapes.HandOffConflict, shapes.RecordedOut, shapes.NextMove,
+    shapes.HandOffApproval,
 ])
 def test_each_component_of_the_document_is_generated_from_its_shape(openapi, model):
     component = openapi["components"]["schemas"][model.__name__]
@@ -116,7 +118,7 @@ def test_each_component_of_the_document_is_generated_from_its_shape(openapi, mod
 
 
 @pytest.mark.parametrize(("method", "path", "component"), [
-    ("post", "/api/v1/operations", "OperationOut"),
+    ("post", "/api/v1/operations", "RecordedOut"),
     ("post", "/api/v1/operations/{operation_id}/submitted", "OperationOut"),
     ("post", "/api/v1/operations/{operation_id}/approval-request", "OperationApprovalOut"),
     ("get", "/api/v1/operations/{operation_id}", "OperationDetailOut"),
