@@ -164,17 +164,13 @@ def record_intent(
     return shapes.recorded(op, submitted_now=submitted_now), recorded_now
 
 
-def fact_version(tenant: str, ref: Any) -> Fact:
+def fact_version(tenant: str, ref: Any) -> Any:
     """The fact version {subject, predicate, version} of `tenant`, or NotFound."""
     if not isinstance(ref, dict) or set(ref) != {"subject", "predicate", "version"}:
         raise InvalidInput(f"expected each of relies_on to be {{subject, predicate, "
                            f"version}}, found {ref!r}"[:300])
-    fact = Fact.objects.filter(tenant=tenant, subject=ref["subject"],
-                               predicate=ref["predicate"], version=ref["version"]).first()
-    if fact is None:
-        raise NotFound(f"expected version {ref['version']} of fact {ref['subject']} "
-                       f"{ref['predicate']} in tenant {tenant}, found none"[:500])
-    return fact
+    return selectors.fact_version(tenant, subject=ref["subject"], predicate=ref["predicate"],
+                                  version=ref["version"])
 
 
 def mark(

@@ -53,6 +53,7 @@ from ledger.selectors.facts import (
     conflict_detail,
     conflict_page,
     conflicts_for,
+    fact_version,
     visible_conflicts,
 )
 from ledger.selectors.operations import (
@@ -118,5 +119,5 @@ __all__ = [
     "SEARCH_MIN_FRAGMENT", "queue_next", "access_saved_view", "saved_views_for",
     "ApprovalStatus", "approval_status", "OperationReceipt", "operation_receipt",
     "operations_page", "remember_read", "access_obligation", "lookup_id", "taken_elsewhere",
-    "Proposals", "pending_proposal", "proposals_of",
+    "Proposals", "pending_proposal", "proposals_of", "fact_version",
 ]

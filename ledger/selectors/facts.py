@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from django.db.models import Exists, OuterRef, QuerySet
 
 from ledger import access
+from ledger.errors import NotFound
 from ledger.models import Fact, FactConflict, Run
 from ledger.selectors.base import fetch_one, visible
 from ledger.selectors.pagination import Page, keyset_page
@@ -125,3 +126,14 @@ def conflict_detail(user, conflict_id: int) -> ConflictDetail:
     )
     can_decide = conflict.is_open and user.has_perm("ledger.resolve_factconflict")
     return ConflictDetail(conflict=conflict, live=live, can_decide=can_decide)
+
+
+def fact_version(tenant: str, *, subject, predicate, version) -> Fact:
+    """Version `version` of the fact (`subject`, `predicate`) of `tenant` (what a receipt
+    relies on: `record_intent(relies_on=)`), or errors.NotFound. One query."""
+    fact = Fact.objects.filter(tenant=tenant, subject=subject, predicate=predicate,
+                               version=version).first()
+    if fact is None:
+        raise NotFound(f"expected version {version} of fact {subject} {predicate} in tenant "
+                       f"{tenant}, found none"[:500])
+    return fact
