@@ -48,9 +48,16 @@ roles: migrate
 # Every process of a deployment (Procfile: web, reconcile, notify, seal), after migrations
 # and static files, under honcho: one process exiting stops the others, and honcho says
 # which one and with what code. The web process binds PORT (honcho's base port).
+# On the embedded server (no DATABASE_URL) the owner runs db_roles with one login per
+# process and each process logs in as its own kind, as `make demo`'s do; with DATABASE_URL
+# the logins are the deployment's (per-process DATABASE_URL or LEDGER_DATABASE_USER).
+SERVE_LOGINS := LEDGER_WEB_LOGIN=ledger_web LEDGER_RECONCILE_LOGIN=ledger_reconcile \
+	LEDGER_NOTIFY_LOGIN=ledger_notify LEDGER_SEAL_LOGIN=ledger_seal
 serve: migrate
 	$(PY) manage.py collectstatic --no-input --verbosity 0
-	PYTHONUNBUFFERED=1 $(VENV)/bin/honcho start -f Procfile -p $(PORT)
+	$(if $(DATABASE_URL),,$(PY) manage.py db_roles $(LOGINS))
+	$(if $(DATABASE_URL),,$(SERVE_LOGINS)) PYTHONUNBUFFERED=1 \
+		$(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
 # The documentation site, offline and strict (a broken link or anchor fails), into site/.
 docs: install

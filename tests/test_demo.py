@@ -15,9 +15,11 @@ import time
 import pytest
 from django.core.management import call_command
 
+from tests.conftest import DEMO_LOGINS
 from tests.support.honcho import (
     ROOT,
     Honcho,
+    connected_logins,
     database_url,
     free_port,
     process_names,
@@ -58,7 +60,9 @@ def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tm
     port, articles_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in {"LEDGER_DATABASE_NAME", "DJANGO_ALLOW_ASYNC_UNSAFE", "PORT"}}
-    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1",
+    # LEDGER_DB_POOL=1: each process keeps a connection, so its login shows in
+    # pg_stat_activity (below)
+    env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", LEDGER_DB_POOL="1",
                LEDGER_DESK_URL=f"http://127.0.0.1:{port}")
     procfile = procfile_for_tests("Procfile.demo", tmp_path,
                                   {"--port 8765": f"--port {articles_port}"})
@@ -100,5 +104,13 @@ def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tm
         assert op["external_id"] == article["id"]
         assert [e["verdict"] for e in op["evidence"]] == ["found"]
         honcho.read_until(rf"{op['operation_id']} articles\.create found -> succeeded")
+
+        # Each process of the demo logged in as its own kind (Procfile.demo, `make demo`'s
+        # db_roles --login), none of the four as the owner.
+        logins = {login for login, _ in DEMO_LOGINS}
+        deadline = time.monotonic() + 60
+        while not connected_logins() >= logins and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert connected_logins() >= logins, connected_logins()
     finally:
         honcho.stop()

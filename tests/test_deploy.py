@@ -30,7 +30,12 @@ def procfile() -> dict[str, str]:
 @pytest.mark.parametrize("process", process_names("Procfile"))
 def test_each_process_of_the_procfile_has_a_unit_running_the_same_command(process):
     service = unit(f"agent-ledger-{process}.service")
-    command = procfile()[process].replace(".venv/bin/", f"{CHECKOUT}/.venv/bin/")
+    # the Procfile's login choice (LEDGER_<PROCESS>_LOGIN under `make serve`) is the
+    # unit's EnvironmentFile: its DATABASE_URL or LEDGER_DATABASE_USER
+    login, command = procfile()[process].split(" ", 1)
+    assert login == (f"LEDGER_DATABASE_USER=${{LEDGER_{process.upper()}_LOGIN-"
+                     f"$LEDGER_DATABASE_USER}}")
+    command = command.replace(".venv/bin/", f"{CHECKOUT}/.venv/bin/")
     assert service["Service"]["ExecStart"] == command
     assert service["Service"]["WorkingDirectory"] == CHECKOUT
     assert service["Service"]["Restart"] == "on-failure"

@@ -7,18 +7,21 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from django.db import connection
 
 from ledger import receipts
 from ledger.models import Operation, OperationEvent
 from tests.support.honcho import (
     ROOT,
     Honcho,
+    connected_logins,
     database_url,
     free_port,
     process_names,
@@ -27,6 +30,13 @@ from tests.support.honcho import (
 )
 
 TOKEN = "serve-test-metrics-token-0123456789"
+
+
+def serve_logins() -> dict[str, str]:
+    """What `make serve` sets on the embedded server: each process's login, by process."""
+    makefile = (ROOT / "Makefile").read_text()
+    logins = makefile.split("\nSERVE_LOGINS :=", 1)[1].split("\nserve:", 1)[0]
+    return dict(re.findall(r"(LEDGER_[A-Z]+_LOGIN)=(\w+)", logins))
 
 
 def production_env(tmp_path) -> dict[str, str]:
@@ -68,7 +78,9 @@ def test_the_procfile_lists_the_processes_the_runbook_names():
     assert process_names("Procfile") == ["web", "reconcile", "notify", "seal"]
     # `make serve` runs this very file, its output unbuffered so each line shows at once
     serve = (ROOT / "Makefile").read_text().split("\nserve:", 1)[1].split("\n\n", 1)[0]
-    assert "PYTHONUNBUFFERED=1 $(VENV)/bin/honcho start -f Procfile -p $(PORT)" in serve
+    assert "PYTHONUNBUFFERED=1 \\\n\t\t$(VENV)/bin/honcho start -f Procfile -p $(PORT)" in serve
+    # on the embedded server, the owner makes one login per process, as `make demo` does
+    assert "manage.py db_roles $(LOGINS)" in serve
     runbook = (ROOT / "docs" / "operations.md").read_text()
     for line in (ROOT / "Procfile").read_text().splitlines():
         if line and not line.startswith("#"):
@@ -78,6 +90,13 @@ def test_the_procfile_lists_the_processes_the_runbook_names():
 @pytest.mark.django_db(transaction=True)
 def test_make_serve_starts_every_process_healthy_and_reports_one_that_dies(tmp_path):
     env = production_env(tmp_path)
+    # as `make serve` on the embedded server: each process logs in as its own kind (the
+    # logins tests/conftest.py made, those of the Makefile's LOGINS)
+    logins = serve_logins()
+    assert logins == {"LEDGER_WEB_LOGIN": "ledger_web",
+                      "LEDGER_RECONCILE_LOGIN": "ledger_reconcile",
+                      "LEDGER_NOTIFY_LOGIN": "ledger_notify", "LEDGER_SEAL_LOGIN": "ledger_seal"}
+    env.update(logins)
     collected = subprocess.run(
         [sys.executable, "manage.py", "collectstatic", "--no-input", "-v", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -96,6 +115,13 @@ def test_make_serve_starts_every_process_healthy_and_reports_one_that_dies(tmp_p
         assert (status, health["status"]) == (200, "ok"), health
         status, body = get(port, "/metrics", {"Authorization": f"Bearer {TOKEN}"})
         assert status == 200 and b"ledger_sealer_max_lag_seconds" in body
+
+        # Each logs in as its own login, none as the owner: the web process's pool and
+        # each worker hold a connection of their own login.
+        owner = connection.settings_dict["USER"]
+        eventually(lambda: connected_logins() >= set(logins.values()),
+                   f"sessions of {sorted(logins.values())}")
+        assert owner not in connected_logins()
 
         # ... and does its work: the sealer links a new event into the chain, the
         # reconciler settles an outcome_unknown (no reconciler for it: to a person).

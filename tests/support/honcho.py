@@ -117,3 +117,13 @@ def wait_for_port(port: int, honcho: Honcho, timeout: float = 90.0) -> None:
             time.sleep(0.2)
     raise AssertionError(f"expected a server on port {port}, found none:\n" +
                          honcho.stop()[-6000:])
+
+
+def connected_logins() -> set[str]:
+    """The logins of every other session on the test database now (pg_stat_activity)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND pid <> pg_backend_pid() AND usename IS NOT NULL")
+        return {row[0] for row in cursor.fetchall()}
