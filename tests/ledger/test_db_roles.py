@@ -273,7 +273,7 @@ def test_an_agent_runs_its_whole_api_as_the_agent_role(logins):
     found = run_as(logins["agent"], """
 from django.db import connection
 from ledger import approvals, facts, leases, obligations, receipts, runs
-from ledger.actions import action
+from ledger.agent_kit import action
 from datetime import timedelta
 
 with connection.cursor() as cursor:

@@ -92,3 +92,50 @@ call("read auth_user", read_hashes)
     assert (problem["status"], problem["type"]) == (
         403, "urn:agent-ledger:problem:permission-denied")
     assert issubclass(DatabaseRefusedByRole, errors.PermissionDenied)
+
+
+SWEEP = """
+from django.db import transaction
+from ledger import reconcile
+
+def raw_system_event(pk):
+    def insert():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO ledger_operationevent (tenant, version, from_state, to_state, "
+                "actor_kind, actor_id, reason, evidence, created_at, operation_id, "
+                "external_id) SELECT tenant, version + 1, 'submitted', 'outcome_unknown', "
+                "'system', 'sweep_stale_submissions', 'forged', NULL, now(), id, '' "
+                "FROM ledger_operation WHERE id = %s", [pk])
+    return insert
+
+def sweep(pk):
+    def run():
+        with transaction.atomic():
+            transitions.by_sweep(op(pk), reason="sender gone", evidence={"checked": True})
+    return run
+"""
+
+
+def test_a_system_event_comes_only_from_the_reconciler():
+    submitted = OperationFactory(state=State.SUBMITTED)
+    before = snapshot()
+    found = run_as(TEST_LOGINS["agent"], CALLS + SWEEP + f"""
+call("raw system event", raw_system_event({submitted.pk}))
+call("by_sweep", sweep({submitted.pk}))
+""")
+    for name in ("raw system event", "by_sweep"):
+        error, sqlstate, message = found[name]
+        assert (error, sqlstate) == ("DatabaseRefusedByRole", "42501"), (name, found[name])
+        assert message == ("operation event submitted -> outcome_unknown: expected a system "
+                           "event (the sweep of stale submissions) to come from a session in "
+                           "role ledger_reconciler, found it from role ledger_test_agent")
+    assert snapshot() == before
+    assert Operation.objects.get(pk=submitted.pk).state == State.SUBMITTED
+
+    # the reconciler's login sweeps it
+    found = run_as(TEST_LOGINS["reconciler"], CALLS + SWEEP + f"""
+call("by_sweep", sweep({submitted.pk}))
+""")
+    assert found["by_sweep"] == ["accepted", None, ""]
+    assert Operation.objects.get(pk=submitted.pk).state == State.OUTCOME_UNKNOWN
