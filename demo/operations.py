@@ -3,10 +3,11 @@
 `seed_operations` leaves a realistic mix: plain successes, rejections, timeouts after the
 commit (reconciled to succeeded), lost requests (proven absent: safe_to_retry, or
 manual_review under retry policy "never"), two operations with the same fingerprint that
-both took effect, two that cannot be told apart during a key-index outage (ambiguous:
-manual_review), a crashed sender swept to outcome_unknown, another not swept yet (stuck in
-submitted), one awaiting approval, and some still outcome_unknown (reads inside the
-service's consistency window, and one not looked at yet). Everything goes through the
+both took effect, a lost request whose only look-alike was posted by hand under another
+key during a key-index outage (ambiguous: manual_review), a crashed sender swept to
+outcome_unknown, another not swept yet (stuck in submitted), one awaiting approval, and
+some still outcome_unknown (reads inside the service's consistency window, and one not
+looked at yet). Everything goes through the
 ledger API, at moments from six days to minutes ago (`demo.clock.backdated`), so the desk
 shows realistic ages; the service runs in-process on 127.0.0.1 and stops after.
 """
@@ -78,12 +79,17 @@ def seed_operations(stdout) -> None:
             reconcile.run_once(worker=WORKER)
 
         with backdated(timedelta(days=1, hours=20)):
-            # An outage of the service's key index: the reconciler searches by fingerprint.
+            # An outage of the service's key index: the reconciler matches content.
             service.key_lookup = False
             agent.send(newsroom, "obituary", "In memoriam: a town's baker",
                        fault="drop_response")
-            agent.send(acme, "promo-a", "Spring promotion", fault="drop_response")
-            agent.send(acme, "promo-b", "Spring promotion", fault="drop_response")
+            # An editor posted the spring promotion by hand, under a key of their own, and
+            # the agent's request was lost: the one match carries another key, so it may be
+            # a twin made another way (ambiguous: a person decides).
+            ArticlesClient(service.url).create(
+                title="Spring promotion", body="Spring promotion: the full text.",
+                idempotency_key="editor-posted-by-hand")
+            agent.send(acme, "promo", "Spring promotion", fault="lose_request")
             reconcile.run_once(worker=WORKER)
             service.key_lookup = True
 
