@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db import OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from ninja import NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -173,6 +174,21 @@ def too_deep(request, exc):
     return problem_response(problems.problem(
         400, "malformed-body", "Malformed body",
         "expected a JSON body nested at most a few hundred levels deep, found deeper"))
+
+
+@api.exception_handler(OperationalError)
+def database_unavailable(request, exc):
+    # The database did not answer: no connection free in the pool within its timeout, or
+    # the server down. Nothing was written; the caller may try again shortly (the clients
+    # treat a 5xx as "the ledger is unavailable", never as a refusal).
+    logger.warning("database unavailable on %s %s: %s", request.method, request.path,
+                   type(exc.__cause__ or exc).__name__)
+    response = problem_response(problems.problem(
+        503, "database-unavailable", "Database unavailable",
+        "expected the ledger's database to answer, found no connection within the pool's "
+        "timeout (or the server down); nothing was written, try again shortly"))
+    response["Retry-After"] = "1"
+    return response
 
 
 @api.exception_handler(Exception)

@@ -140,8 +140,10 @@ DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = (
 # A pool of connections per process (psycopg_pool through Django's OPTIONS "pool"), on by
 # default in production: a request or a worker pass borrows a connection and gives it back
 # instead of opening one (3-5 ms and a server process each time). Size it per process:
-# gunicorn runs each worker as one process whose sync views run one at a time on its
-# thread, so `max_size` 4 leaves room for the threads of `manage.py reconcile --workers`;
+# a gunicorn worker runs its requests side by side on the event loop's executor threads
+# (min(32, CPUs + 4)); a request that finds all `max_size` connections busy waits up to
+# LEDGER_DB_POOL_TIMEOUT, then is answered 503 database-unavailable (api/http.py), never
+# a 500. `max_size` 4 also leaves room for the threads of `manage.py reconcile --workers`;
 # the server then needs about (web workers + worker processes) x max_size connections
 # (config/gunicorn.conf.py: 4 web workers -> 16) below its max_connections (100 by
 # default), or a PgBouncer in front (docs/SCALING.md). LEDGER_DB_POOL=0/1 overrides.
