@@ -13,8 +13,8 @@ from django.db import connection
 
 from ledger import (
     access,
-    actions,
     agent_keys,
+    agent_kit,
     episodes,
     facts,
     inputs,
@@ -183,13 +183,13 @@ IDENTIFIER_ENTRY_POINTS = {
         "bot", tenants=[v], user=w["admin"])),
     "agent_keys.revoke.name": ("agent name", lambda w, v: agent_keys.revoke(
         v, user=w["admin"])),
-    "action.operation": ("operation", lambda w, v: actions.action(v, target="svc://a")),
-    "action.target": ("target", lambda w, v: actions.action("mail.send", target=v)),
-    "action.tenant": ("tenant", lambda w, v: actions.action(
+    "action.operation": ("operation", lambda w, v: agent_kit.action(v, target="svc://a")),
+    "action.target": ("target", lambda w, v: agent_kit.action("mail.send", target=v)),
+    "action.tenant": ("tenant", lambda w, v: agent_kit.action(
         "mail.send", target="svc://a", tenant=v)),
-    "retries_due.tenant": ("tenant", lambda w, v: list(actions.retries_due(tenant=v))),
+    "retries_due.tenant": ("tenant", lambda w, v: list(agent_kit.retries_due(tenant=v))),
     "retries_due.operation": ("operation", lambda w, v: list(
-        actions.retries_due(operation=v))),
+        agent_kit.retries_due(operation=v))),
     "reconcile.run_once.worker": ("worker", lambda w, v: reconcile.run_once(worker=v)),
     "reconcile.claim_next.worker": ("worker", lambda w, v: reconcile.claim_next(worker=v)),
     "reconcile.register": ("operation", lambda w, v: reconcile.register(v)),
@@ -259,7 +259,7 @@ WRONG_TYPES = {
         "mail.*\n", purge_after_days=30, user=w["admin"])),
     "retention.set_policy.tenant=None": ("tenant", lambda w: retention.set_policy(
         "mail.*", tenant=None, purge_after_days=30, user=w["admin"])),
-    "action.redact=None": ("redact", lambda w: actions.action(
+    "action.redact=None": ("redact", lambda w: agent_kit.action(
         "mail.send", target="svc://a", redact=None)),
 }
 
