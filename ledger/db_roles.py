@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, ProgrammingError, connection, transaction
 
 from ledger import errors
 
@@ -148,9 +148,10 @@ _RACES = ("42710", "23505", "XX000", "40001", "40P01")
 NO_PRIVILEGE = "42501"  # SQLSTATE insufficient_privilege
 
 
-class DatabaseRefusedByRole(errors.RefusedByRole, DatabaseError):
-    """A ledger PermissionDenied that is also the DatabaseError it replaces (code that
-    handles database errors, and raw SQL, see what they saw before); its __cause__ is
+class DatabaseRefusedByRole(errors.RefusedByRole, ProgrammingError):
+    """A ledger PermissionDenied that is also the error it replaces: Django raises its
+    ProgrammingError for SQLSTATE 42501 (psycopg's InsufficientPrivilege), so code that
+    handles database errors, and raw SQL, see what they saw before; its __cause__ is
     psycopg's error, with `sqlstate` and `diag`."""
 
 
