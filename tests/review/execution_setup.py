@@ -15,11 +15,13 @@ def make_conflict(subject="invoice:42", *, tenant="default", run=None,
                   current=None, candidate=None, current_source="billing-agent",
                   candidate_source="bank-feed") -> FactConflict:
     """Version 1 from one source, then a different value from another that does not name
-    version 1: an open conflict."""
+    version 1: an open conflict. On a leased run, both writes carry the lease's token."""
+    token = leases.current_token(run.lease_resource) if run is not None else None
     facts.assert_fact(subject, "status", {"paid": False} if current is None else current,
-                      source=current_source, tenant=tenant, run=run)
+                      source=current_source, tenant=tenant, run=run, fencing_token=token)
     kept = facts.assert_fact(subject, "status", {"paid": True} if candidate is None else candidate,
-                             source=candidate_source, tenant=tenant, run=run)
+                             source=candidate_source, tenant=tenant, run=run,
+                             fencing_token=token)
     assert kept.is_candidate
     return FactConflict.objects.get(candidate=kept)
 
