@@ -22,6 +22,7 @@ from tests.support.honcho import (
     ROOT,
     Honcho,
     connected_logins,
+    database_now,
     database_url,
     free_port,
     process_names,
@@ -102,6 +103,7 @@ def test_make_serve_starts_every_process_healthy_and_reports_one_that_dies(tmp_p
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert collected.returncode == 0, collected.stderr
     port = free_port()
+    started = database_now()
     honcho = Honcho(procfile_for_tests("Procfile", tmp_path), port=port, env=env)
     try:
         # Each process is up: the web server listens on the base port and is healthy, and
@@ -119,9 +121,9 @@ def test_make_serve_starts_every_process_healthy_and_reports_one_that_dies(tmp_p
         # Each logs in as its own login, none as the owner: the web process's pool and
         # each worker hold a connection of their own login.
         owner = connection.settings_dict["USER"]
-        eventually(lambda: connected_logins() >= set(logins.values()),
+        eventually(lambda: connected_logins(since=started) >= set(logins.values()),
                    f"sessions of {sorted(logins.values())}")
-        assert owner not in connected_logins()
+        assert owner not in connected_logins(since=started)
 
         # ... and does its work: the sealer links a new event into the chain, the
         # reconciler settles an outcome_unknown (no reconciler for it: to a person).

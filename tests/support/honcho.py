@@ -119,11 +119,23 @@ def wait_for_port(port: int, honcho: Honcho, timeout: float = 90.0) -> None:
                          honcho.stop()[-6000:])
 
 
-def connected_logins() -> set[str]:
-    """The logins of every other session on the test database now (pg_stat_activity)."""
+def connected_logins(*, since=None) -> set[str]:
+    """The logins of every other session on the test database now (pg_stat_activity);
+    with `since` (a time of the database's clock), only of sessions that began after it,
+    so that processes other tests left connected do not count."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT DISTINCT usename::text FROM pg_stat_activity WHERE datname = "
-                       "current_database() AND pid <> pg_backend_pid() AND usename IS NOT NULL")
+                       "current_database() AND pid <> pg_backend_pid() AND usename IS NOT NULL"
+                       " AND (%s::timestamptz IS NULL OR backend_start >= %s::timestamptz)",
+                       [since, since])
         return {row[0] for row in cursor.fetchall()}
+
+
+def database_now():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
