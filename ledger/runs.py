@@ -258,6 +258,9 @@ class Resume:
     blocked_by_stale_facts: tuple[Operation, ...] = ()
     # The approval gate of each planned operation, by its pk (the others are past it).
     approvals: Mapping[int, Gate] = field(default_factory=dict)
+    # The fact versions each open operation relied on (`record_intent(relies_on=)`), by
+    # its pk, as stored now (`status` says whether each is still current).
+    relied_on: Mapping[int, tuple[Fact, ...]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The view as plain JSON-ready data (times in ISO 8601): `shapes.hand_off`."""
@@ -291,6 +294,7 @@ def hand_off(run_id: str | Run) -> Resume:
 
 def _view(run: Run, token: int | None, holder: str | None) -> Resume:
     records = run_records(run, open_only=True)
+    relied_on = _relied_on(records.operations)
     return Resume(
         run=run,
         token=token,
@@ -301,18 +305,22 @@ def _view(run: Run, token: int | None, holder: str | None) -> Resume:
         pending_obligations=tuple(records.obligations),
         facts=tuple(records.facts),
         open_conflicts=tuple(records.open_conflicts),
-        blocked_by_stale_facts=_blocked_by_stale_facts(records.operations),
+        blocked_by_stale_facts=tuple(
+            op for op in records.operations
+            if op.state in states.SENDABLE
+            and any(f.status != FactStatus.CURRENT for f in relied_on.get(op.pk, ()))),
         approvals={op.pk: gate(op) for op in records.operations
                    if op.state == State.PLANNED},
+        relied_on=relied_on,
     )
 
 
-def _blocked_by_stale_facts(operations) -> tuple[Operation, ...]:
-    waiting = [op for op in operations
-               if op.state in states.SENDABLE and op.relies_on]
-    if not waiting:
-        return ()
-    relied = {fact_id for op in waiting for fact_id in op.relies_on}
-    current = set(Fact.objects.filter(pk__in=relied, status=FactStatus.CURRENT)
-                  .values_list("pk", flat=True))
-    return tuple(op for op in waiting if not set(op.relies_on) <= current)
+def _relied_on(operations) -> dict[int, tuple[Fact, ...]]:
+    """The fact versions each operation relied on, by its pk: one query for them all,
+    none when no operation relied on any."""
+    wanted = {fact_id for op in operations for fact_id in op.relies_on or ()}
+    if not wanted:
+        return {}
+    facts = Fact.objects.in_bulk(wanted)
+    return {op.pk: tuple(facts[i] for i in op.relies_on if i in facts)
+            for op in operations if op.relies_on}

@@ -348,6 +348,14 @@ class HandOffApproval(BaseModel):
     denied_reason: str | None
 
 
+class HandOffReliedFact(BaseModel):
+    subject: str
+    predicate: str
+    version: int | None
+    current: bool = Field(description="Whether this version is still the current one; "
+                          "an operation relying on a superseded version is not sent.")
+
+
 class HandOffOperation(BaseModel):
     operation_id: str
     operation: str
@@ -360,13 +368,18 @@ class HandOffOperation(BaseModel):
     external_id: str
     next_moves: list[NextMove]
     approval: HandOffApproval | None
+    relied_on: list[HandOffReliedFact] = Field(
+        description="The fact versions the operation was planned on (relies_on).")
 
 
-def hand_off_operation(op: Operation, *, gate: Gate | None = None) -> dict[str, Any]:
+def hand_off_operation(op: Operation, *, gate: Gate | None = None,
+                       relied_on: tuple[Fact, ...] = ()) -> dict[str, Any]:
     """An open operation as a worker taking over needs it: its receipt, its next legal
-    moves and who makes each (`states.next_moves`), and for a planned one the approvals it
-    waits for (`gate`, its approval gate; None for the others, past the gate). Reads
-    `op.step` when set."""
+    moves and who makes each (`states.next_moves`), for a planned one the approvals it
+    waits for (`gate`, its approval gate; None for the others, past the gate), and the fact
+    versions it relied on (`relied_on`, as stored now). Reads `op.step` when set."""
+    from ledger.models import FactStatus
+
     return {
         "operation_id": op.operation_id,
         "operation": op.operation,
@@ -381,6 +394,8 @@ def hand_off_operation(op: Operation, *, gate: Gate | None = None) -> dict[str, 
         "approval": None if gate is None else {
             "needed": gate.needed, "live": gate.have, "policies": gate.patterns,
             "denied_reason": gate.denial},
+        "relied_on": [{"subject": f.subject, "predicate": f.predicate, "version": f.version,
+                       "current": f.status == FactStatus.CURRENT} for f in relied_on],
     }
 
 
@@ -467,12 +482,14 @@ def hand_off(view) -> dict[str, Any]:
         "token": view.token,
         "holder": view.holder,
         "steps": [hand_off_step(s) for s in view.steps],
-        "open_operations": [hand_off_operation(op, gate=view.approvals.get(op.pk))
+        "open_operations": [hand_off_operation(op, gate=view.approvals.get(op.pk),
+                                               relied_on=view.relied_on.get(op.pk, ()))
                             for op in view.open_operations],
         "pending_obligations": [hand_off_obligation(o) for o in view.pending_obligations],
         "facts": [hand_off_fact(f) for f in view.facts],
         "open_conflicts": [hand_off_conflict(c) for c in view.open_conflicts],
-        "blocked_by_stale_facts": [hand_off_operation(op, gate=view.approvals.get(op.pk))
+        "blocked_by_stale_facts": [hand_off_operation(op, gate=view.approvals.get(op.pk),
+                                                      relied_on=view.relied_on.get(op.pk, ()))
                                    for op in view.blocked_by_stale_facts],
     }
 

@@ -116,8 +116,14 @@ def test_the_resume_view_lists_operations_blocked_by_stale_facts():
     resumed = runs.resume("run-stale", worker="w1")
     assert [o.operation_id for o in resumed.blocked_by_stale_facts] == [op.operation_id]
     assert fresh.operation_id in [o.operation_id for o in resumed.open_operations]
-    assert [o["operation_id"] for o in resumed.as_dict()["blocked_by_stale_facts"]] == [
-        op.operation_id]
+    data = resumed.as_dict()
+    assert [o["operation_id"] for o in data["blocked_by_stale_facts"]] == [op.operation_id]
+    # Each open operation names the versions it relied on, and whether each is current.
+    relied = {o["operation_id"]: o["relied_on"] for o in data["open_operations"]}
+    assert relied[op.operation_id] == [
+        {"subject": "order:12", "predicate": "status", "version": 1, "current": False}]
+    assert relied[fresh.operation_id] == [
+        {"subject": "order:12", "predicate": "email", "version": 1, "current": True}]
 
 
 def test_the_desk_shows_what_an_operation_relied_on(client):
