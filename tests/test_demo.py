@@ -21,11 +21,11 @@ from tests.support.honcho import (
     Honcho,
     connected_logins,
     database_url,
-    free_port,
     process_names,
     procfile_for_tests,
     wait_for_port,
 )
+from tests.support.servers import free_port
 
 INTERVAL = float(re.search(r"reconcile --interval (\S+)",
                            (ROOT / "Procfile.demo").read_text())[1])

@@ -24,11 +24,11 @@ from tests.support.honcho import (
     connected_logins,
     database_now,
     database_url,
-    free_port,
     process_names,
     procfile_for_tests,
     wait_for_port,
 )
+from tests.support.servers import free_port
 
 TOKEN = "serve-test-metrics-token-0123456789"
 

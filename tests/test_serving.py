@@ -26,6 +26,7 @@ from django.db import connection
 
 from ledger.states import State
 from tests.factories import OperationFactory, UserFactory
+from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PASSWORD = "served over asgi 4 real"
@@ -37,11 +38,6 @@ def database_url() -> str:
     host = quote(db["HOST"] or "127.0.0.1", safe="")
     return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Browser:

@@ -3,24 +3,12 @@ against pytest-django's test database, and agent keys to call it with."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-
 import httpx
 import pytest
 
 from ledger import agent_keys
 from tests.factories import UserFactory
-from tests.support.processes import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.support.servers import LedgerServer
 
 
 @pytest.fixture(scope="session")
@@ -31,39 +19,12 @@ def api_server(django_db_setup, tmp_path_factory):
 
     from tests.conftest import TEST_LOGINS
 
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("api-server") / "server.log", "w+")  # noqa: SIM115
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               LEDGER_DATABASE_NAME=connection.settings_dict["NAME"],
-               LEDGER_DATABASE_USER=TEST_LOGINS["web"])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/api/v1/openapi.json", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait(timeout=10)
-            log.seek(0)
-            raise AssertionError(f"expected the API server to answer, found it down:\n"
-                                 f"{log.read()}")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    log.close()
+    server = LedgerServer(connection.settings_dict["NAME"],
+                          tmp_path_factory.mktemp("api-server") / "server.log",
+                          login=TEST_LOGINS["web"])
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ database is unreachable: nothing listens on its port)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,19 +12,15 @@ import httpx
 import pytest
 
 from tests.support.processes import ROOT
+from tests.support.servers import free_port
 
 SECRET = "alk_" + "k" * 43  # well formed, so the server has to ask the database about it
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.mark.parametrize("pool", ["0", "1"])
 def test_an_unreachable_database_answers_503_problem_json_with_retry_after(pool, tmp_path):
-    port, dead = _free_port(), _free_port()
+    port, dead = free_port(), free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", LEDGER_DB_POOL=pool,
                LEDGER_DB_POOL_TIMEOUT="0.5",
                DATABASE_URL=f"postgres://postgres@127.0.0.1:{dead}/nowhere")

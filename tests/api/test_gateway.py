@@ -25,6 +25,7 @@ from ledger import approvals
 from ledger.models import Operation
 from tests.factories import UserFactory
 from tests.support.processes import ROOT
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -318,16 +319,11 @@ def test_with_approval_wait_the_gateway_waits_for_the_decision(make_key, tmp_pat
     assert [i["reference"] for i in invoices(tmp_path)] == ["w-1"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_path):
     secret = make_key("http-billing-bot")
     config = write_config(tmp_path)
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "gateway.log", "w+")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "mcp_gateway", "--config", str(config), "--http",
@@ -393,7 +389,7 @@ def wait_for_port(port: int, proc: subprocess.Popen, log) -> None:
 
 def test_an_upstream_over_streamable_http(make_key, tmp_path):
     secret = make_key("billing-bot")
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "upstream.log", "w+")  # noqa: SIM115
     upstream = subprocess.Popen(
         [*UPSTREAM, "--http", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

@@ -4,71 +4,18 @@ package from this tree (clients/python) ahead of any installed copy."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from ledger import agent_keys
 from tests.factories import UserFactory
 from tests.support.processes import ROOT
+from tests.support.servers import LedgerServer
 
 CLIENT_SRC = Path(ROOT) / "clients" / "python"
 sys.path.insert(0, str(CLIENT_SRC))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LedgerServer:
-    """`uvicorn config.asgi:application` on one port: `kill()` it, `start()` it again."""
-
-    def __init__(self, database: str, log_path: Path):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.database = database
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", LEDGER_DATABASE_NAME=self.database)
-        log = open(self.log_path, "a")  # noqa: SIM115 - the child holds it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
-             "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/api/v1/openapi.json", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError("expected the ledger server to answer, found it down:\n"
-                                     + self.log_path.read_text()[-3000:])
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.proc = None
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,6 @@ def database_url() -> str:
     return f"postgres://{db['USER']}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def procfile_for_tests(name: str, tmp_path: Path, replace: dict[str, str] | None = None) -> Path:
     """The project's Procfile `name` as it is, but with `.venv/bin/` pointing at the venv
