@@ -115,10 +115,12 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
               "resolved_fact_id)",
     },
     "ledger_obligation": {
-        AGENT: "INSERT, UPDATE (state, result, committed_at, cancelled_at, cancel_reason)",
+        AGENT: "INSERT, UPDATE (state, result, committed_at, cancelled_at, cancel_reason, "
+               "fencing_token)",
     },
     "ledger_run": {AGENT: "INSERT"},
-    "ledger_step": {AGENT: "INSERT, UPDATE (state, started_at, committed_at)"},
+    "ledger_step": {AGENT: "INSERT, UPDATE (state, started_at, committed_at, started_token, "
+                           "committed_token)"},
     "ledger_step_depends_on": {AGENT: "INSERT"},
     "ledger_lease": {
         AGENT: "INSERT, UPDATE (owner, token, acquired_at, expires_at)",

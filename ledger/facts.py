@@ -86,12 +86,13 @@ def assert_fact(
     new = Fact(
         tenant=tenant, subject=subject, predicate=predicate, value=value,
         value_fingerprint=fingerprint(value), source=source,
-        observed_at=observed_at or timezone.now(), run=run_obj,
+        observed_at=observed_at or timezone.now(), run=run_obj, fencing_token=fencing_token,
     )
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
         if run_obj is not None:
             # A leased run is always fenced: without its current token, or with an older
-            # one, StaleFencingToken and nothing written (as for its operations and steps).
+            # one, StaleFencingToken and nothing written (as for its operations and steps);
+            # PostgreSQL checks the token written with the fact too (`fact_fenced`).
             leases.check_run(run_obj.pk, fencing_token)
         return _write(new, expected_version)
 

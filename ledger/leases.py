@@ -13,13 +13,16 @@ savepoint around it), prepared: reconcilers take and release a lease per operati
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import IntegrityError, connection
 
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken
 from ledger.inputs import check_fencing_token, check_identifier, check_positive_duration
+from ledger.models.triggers import FENCE_HINT
 from ledger.prepared import prepared_cursor
 
 
@@ -132,14 +135,15 @@ def check(resource: str, token: int) -> None:
 
 
 def check_run(run_pk: int, token: int | None) -> None:
-    """The fence of every agent write to a run's operations, obligations and steps.
+    """The fence of every agent write to a run's operations, obligations, steps and facts.
 
     Once the run's lease `run:<run_id>` exists (taken by `runs.resume` or `acquire`, held,
     expired or released), the write must carry its current token: none, or an older one,
     raises StaleFencingToken. A run that was never leased is not fenced, unless a token is
     given (then there is no lease it could be current for). Inside a transaction the lease
     row is share-locked until commit, so no newer token can be handed out before the
-    caller's write commits.
+    caller's write commits. PostgreSQL holds the same fence on its own: the write carries
+    the token (the event's, the step's, the obligation's or the fact's `fencing_token`).
     """
     with connection.cursor() as cursor:
         cursor.execute(
@@ -158,6 +162,22 @@ def check_run(run_pk: int, token: int | None) -> None:
         cursor.execute("SELECT run_id FROM ledger_run WHERE id = %s", [run_pk])
         (run_id,) = cursor.fetchone()
     _raise_stale(f"run:{run_id}", token, current=row[0] if row else None)
+
+
+@contextmanager
+def refused_as_stale() -> Iterator[None]:
+    """PostgreSQL's own fence of a leased run's steps, obligations and facts (the triggers
+    `step_fenced`, `obligation_fenced`, `fact_fenced`) refusing a write, as
+    StaleFencingToken with the current token: what `check_run` raises before it, should a
+    write reach the database without passing it."""
+    try:
+        yield
+    except IntegrityError as exc:
+        diag = getattr(exc.__cause__, "diag", None)
+        if diag is None or diag.message_hint != FENCE_HINT:
+            raise
+        current = int(diag.message_detail) if diag.message_detail else None
+        raise StaleFencingToken(diag.message_primary, current_token=current) from exc
 
 
 def current_token(resource: str) -> int | None:

@@ -4,7 +4,9 @@
 'open'`), so among any number of concurrent committers exactly one wins; every other gets
 `AlreadyCommitted` carrying the winner's result. A settled obligation never changes: a
 trigger refuses any UPDATE of it, and every DELETE. On a leased run, `commit` and `cancel`
-carry the lease's current fencing token (`ledger.leases.check_run`).
+carry the lease's current fencing token (`ledger.leases.check_run`), which PostgreSQL checks
+too: the settling UPDATE writes it (`obligation_fenced`), and an obligation is only ever
+inserted open.
 """
 
 from __future__ import annotations
@@ -85,10 +87,11 @@ def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obliga
     check_json(result, what="result")
     check_fencing_token(fencing_token)
     result = redact(result)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
         leases.check_run(_run_pk(key), fencing_token)
         won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
-            state=ObligationState.COMMITTED, result=result, committed_at=Now()
+            state=ObligationState.COMMITTED, result=result, committed_at=Now(),
+            fencing_token=fencing_token,
         )
         obligation = Obligation.objects.filter(key=key).first()
     if won == 1:
@@ -104,11 +107,11 @@ def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obliga
     if not reason.strip():
         raise InvalidInput(f"expected a non-empty reason to cancel, found {reason!r}")
     check_fencing_token(fencing_token)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
         leases.check_run(_run_pk(key), fencing_token)
         won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
             state=ObligationState.CANCELLED, cancelled_at=Now(),
-            cancel_reason=scrub_text(reason.strip()),
+            cancel_reason=scrub_text(reason.strip()), fencing_token=fencing_token,
         )
         obligation = Obligation.objects.filter(key=key).first()
     if won == 1 or (obligation is not None and obligation.state == ObligationState.CANCELLED):

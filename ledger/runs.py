@@ -6,7 +6,8 @@ is committed ("no shipping before the payment clears"); a trigger refuses anythi
 fencing token, so writes still carrying the previous worker's token are refused) and
 returns the hand-off view, read from the tables, never from a summary or a transcript.
 Once a run is leased, moving its steps (`start_step`, `commit_step`) takes the lease's
-current token (`leases.check_run`); adding one (`add_step`) has no effect and is not fenced.
+current token (`leases.check_run`, and PostgreSQL's `step_fenced`, which the token is
+written for); adding one (`add_step`) has no effect and is not fenced.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None
     until every dependency is committed. A started step is returned as it is (a resumed
     worker takes it over); a committed one raises IllegalTransition: it is done."""
     _check_step_args(run, step_id, fencing_token)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
         step = _locked_step(run, step_id, fencing_token)
         if step.state == StepState.COMMITTED:
             raise IllegalTransition(
@@ -173,19 +174,20 @@ def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None
                 f"found it committed at {step.committed_at.isoformat()}",
                 from_state=step.state, to_state=StepState.STARTED,
             )
-        return _start(step)
+        return _start(step, fencing_token)
 
 
 def commit_step(run: Run | str, step_id: str, *, fencing_token: int | None = None) -> Step:
     """-> committed (a pending step is started first, so DependencyNotMet applies too).
     Committing a committed step returns it unchanged."""
     _check_step_args(run, step_id, fencing_token)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
         step = _locked_step(run, step_id, fencing_token)
         if step.state == StepState.COMMITTED:
             return step
-        _start(step)
-        Step.objects.filter(pk=step.pk).update(state=StepState.COMMITTED, committed_at=Now())
+        _start(step, fencing_token)
+        Step.objects.filter(pk=step.pk).update(state=StepState.COMMITTED, committed_at=Now(),
+                                               committed_token=fencing_token)
         step.refresh_from_db()
         return step
 
@@ -211,7 +213,7 @@ def _locked_step(run, step_id: str, fencing_token: int | None) -> Step:
     return step
 
 
-def _start(step: Step) -> Step:
+def _start(step: Step, fencing_token: int | None) -> Step:
     if step.state == StepState.STARTED:
         return step
     missing = list(
@@ -224,7 +226,8 @@ def _start(step: Step) -> Step:
             f"starts, found {', '.join(f'{name} {state}' for name, state in missing)}",
             missing=[name for name, _ in missing],
         )
-    Step.objects.filter(pk=step.pk).update(state=StepState.STARTED, started_at=Now())
+    Step.objects.filter(pk=step.pk).update(state=StepState.STARTED, started_at=Now(),
+                                           started_token=fencing_token)
     step.refresh_from_db()
     return step
 

@@ -4,7 +4,33 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 
-from ledger.models.triggers import Protect, Trigger
+from ledger.models.triggers import FENCE_HINT, Protect, Trigger
+
+# The lease that fences a run's writes, named from the run's row `r` (Run.lease_resource).
+RUN_LEASE = "'run:' || r.run_id"
+
+
+def run_fence_sql(run_pk: str, token: str, change: str) -> str:
+    """PL/pgSQL that refuses a write to a leased run that does not carry its lease's current
+    token: `run_pk` and `token` are the written row's expressions, `change` a format()
+    expression saying what was written. A run never leased is not fenced. The lease row is
+    share-locked to the commit, so no newer token is handed out before it (as
+    ledger.leases.check_run does). Needs `lease record` declared."""
+    return f"""
+    SELECT l.token, l.resource INTO lease
+      FROM ledger_run r
+      JOIN ledger_lease l ON l.resource = {RUN_LEASE}
+     WHERE r.id = {run_pk}
+       FOR SHARE OF l;
+    IF FOUND AND ({token}) IS DISTINCT FROM lease.token THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected the current fencing token %s of %s on %s, found %s',
+                             lease.token, lease.resource, {change},
+                             COALESCE(({token})::text, 'no token')),
+            DETAIL = lease.token::text,
+            HINT = '{FENCE_HINT}';
+    END IF;
+"""
 
 
 class StepState(models.TextChoices):
@@ -21,6 +47,16 @@ _STEP_CHECK = """
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('step %s: expected its run, step_id and created_at to stay '
                              'unchanged, found an UPDATE changing them', OLD.step_id);
+    END IF;
+    IF NEW.started_token IS DISTINCT FROM OLD.started_token
+       AND (OLD.state, NEW.state) IS DISTINCT FROM ('pending', 'started')
+       OR NEW.committed_token IS DISTINCT FROM OLD.committed_token
+       AND (OLD.state, NEW.state) IS DISTINCT FROM ('started', 'committed') THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('step %s: expected its fencing tokens to be written only by the '
+                             'change they fence (started_token by pending -> started, '
+                             'committed_token by started -> committed), found %s -> %s '
+                             'changing them', OLD.step_id, OLD.state, NEW.state);
     END IF;
     IF NEW.state IS DISTINCT FROM OLD.state THEN
         IF (OLD.state, NEW.state) NOT IN (('pending', 'started'), ('started', 'committed')) THEN
@@ -49,6 +85,26 @@ _STEP_CHECK = """
     RETURN NEW;
 """
 
+# A step is added pending, never started or committed by its INSERT (so no step skips the
+# fence of its changes below).
+_STEP_INSERT = """
+    IF NEW.state <> 'pending' OR NEW.started_at IS NOT NULL OR NEW.committed_at IS NOT NULL
+       OR NEW.started_token IS NOT NULL OR NEW.committed_token IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('step %s: expected a new step to be pending, with no times or '
+                             'tokens, found an INSERT of a %s step', NEW.step_id, NEW.state);
+    END IF;
+    RETURN NEW;
+"""
+
+# Once its run is leased, a step starts and commits only under the lease's current token,
+# written with the change (started_token, committed_token; each once, by its change).
+_STEP_FENCED = run_fence_sql(
+    "NEW.run_id",
+    "CASE NEW.state WHEN 'started' THEN NEW.started_token ELSE NEW.committed_token END",
+    "format('step %s moving %s -> %s', NEW.step_id, OLD.state, NEW.state)",
+) + "    RETURN NEW;\n"
+
 
 class Run(models.Model):
     """One task an agent works on; operations, steps and facts hang off it."""
@@ -75,6 +131,8 @@ class Step(models.Model):
     pending -> started -> committed, through `ledger.runs`. A step starts only once every
     step it depends on is committed; a trigger refuses anything else, even a raw UPDATE.
     Dependencies are steps of the same run added before it, so they never form a cycle.
+    Once the run is leased, PostgreSQL refuses a start or commit that does not write the
+    lease's current token with it (`started_token`, `committed_token`).
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
@@ -86,6 +144,9 @@ class Step(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     committed_at = models.DateTimeField(null=True, blank=True)
+    # The run lease's token each change was made under (None: the run was not leased).
+    started_token = models.BigIntegerField(null=True, blank=True)
+    committed_token = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -102,6 +163,20 @@ class Step(models.Model):
                 when=pgtrigger.Before,
                 declare=[("missing", "text")],
                 func=_STEP_CHECK,
+            ),
+            Trigger(
+                name="step_insert_check",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                func=_STEP_INSERT,
+            ),
+            Trigger(
+                name="step_fenced",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition('OLD."state" IS DISTINCT FROM NEW."state"'),
+                declare=[("lease", "record")],
+                func=_STEP_FENCED,
             ),
         ]
 

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
+from ledger.models.coordination import run_fence_sql
 from ledger.models.triggers import Protect, Trigger
 
 
@@ -115,6 +116,12 @@ _OBLIGATION_ONCE = """
             MESSAGE = format('obligation %s: expected a %s obligation never to change, found '
                              'an UPDATE', OLD.key, OLD.state);
     END IF;
+    IF NEW.state = 'open' AND NEW.fencing_token IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('obligation %s: expected its fencing_token to be written only by '
+                             'the change that settles it, found an UPDATE leaving it open',
+                             OLD.key);
+    END IF;
     IF NEW.key IS DISTINCT FROM OLD.key OR NEW.run_id IS DISTINCT FROM OLD.run_id
        OR NEW.kind IS DISTINCT FROM OLD.kind OR NEW.tenant IS DISTINCT FROM OLD.tenant
        OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
@@ -125,6 +132,31 @@ _OBLIGATION_ONCE = """
     END IF;
     RETURN NEW;
 """
+
+# An obligation is opened, never settled by its INSERT (so no settlement skips the fence
+# below, and no forged result waits for the rightful committer as the winner's).
+_OBLIGATION_INSERT = """
+    IF NEW.state <> 'open' OR NEW.result IS NOT NULL OR NEW.committed_at IS NOT NULL
+       OR NEW.cancelled_at IS NOT NULL OR NEW.cancel_reason <> ''
+       OR NEW.fencing_token IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('obligation %s: expected a new obligation to be open, with no '
+                             'result, times or token, found an INSERT of a %s one', NEW.key,
+                             NEW.state);
+    END IF;
+    RETURN NEW;
+"""
+
+# Once its run is leased, an obligation is committed or cancelled only under the lease's
+# current token, written with the change; a fact of the run is recorded only under it.
+_OBLIGATION_FENCED = run_fence_sql(
+    "NEW.run_id", "NEW.fencing_token",
+    "format('obligation %s moving %s -> %s', NEW.key, OLD.state, NEW.state)",
+) + "    RETURN NEW;\n"
+_FACT_FENCED = run_fence_sql(
+    "NEW.run_id", "NEW.fencing_token",
+    "format('fact %s %s of its run', NEW.subject, NEW.predicate)",
+) + "    RETURN NEW;\n"
 
 
 class FactQuerySet(models.QuerySet):
@@ -163,6 +195,8 @@ class Fact(models.Model):
     run = models.ForeignKey(
         "ledger.Run", null=True, blank=True, on_delete=models.PROTECT, related_name="facts"
     )
+    # The run lease's token it was recorded under (None: no run, or a run never leased).
+    fencing_token = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
 
     objects = FactQuerySet.as_manager()
@@ -218,6 +252,14 @@ class Fact(models.Model):
                 when=pgtrigger.Before,
                 declare=[("prev", "record")],
                 func=_FACT_INSERT,
+            ),
+            Trigger(
+                name="fact_fenced",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition('NEW."run_id" IS NOT NULL'),
+                declare=[("lease", "record")],
+                func=_FACT_FENCED,
             ),
         ]
 
@@ -368,7 +410,9 @@ class Obligation(models.Model):
     """Something a run has promised to do exactly once, named by its idempotency key.
 
     open -> committed (with its result) or cancelled, once; then it never changes (a
-    trigger refuses any UPDATE of a settled obligation, and every DELETE).
+    trigger refuses any UPDATE of a settled obligation, and every DELETE). It is inserted
+    open; once its run is leased, PostgreSQL refuses a settlement that does not write the
+    lease's current token with it (`fencing_token`).
     """
 
     run = models.ForeignKey("ledger.Run", on_delete=models.PROTECT, related_name="obligations")
@@ -384,6 +428,8 @@ class Obligation(models.Model):
     committed_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
+    # The run lease's token it was settled under (None: open, or its run was not leased).
+    fencing_token = models.BigIntegerField(null=True, blank=True)
 
     objects = ObligationQuerySet.as_manager()
 
@@ -413,6 +459,20 @@ class Obligation(models.Model):
                 operation=pgtrigger.Update | pgtrigger.Delete,
                 when=pgtrigger.Before,
                 func=_OBLIGATION_ONCE,
+            ),
+            Trigger(
+                name="obligation_insert_check",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                func=_OBLIGATION_INSERT,
+            ),
+            Trigger(
+                name="obligation_fenced",
+                operation=pgtrigger.Update,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition('OLD."state" IS DISTINCT FROM NEW."state"'),
+                declare=[("lease", "record")],
+                func=_OBLIGATION_FENCED,
             ),
         ]
 

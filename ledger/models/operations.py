@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
-from ledger.models.triggers import SANCTIONED, SEALING, Protect, Trigger
+from ledger.models.triggers import FENCE_HINT, SANCTIONED, SEALING, Protect, Trigger
 from ledger.states import (
     TERMINAL,
     ActorKind,
@@ -116,7 +116,6 @@ _SUBMIT_ON_CURRENT_FACTS = f"""
 # row is share-locked to the commit, so no newer token is handed out before it. The hint
 # names the refusal for ledger.transitions, which raises StaleFencingToken; the detail is
 # the current token ('' without a lease).
-FENCE_HINT = "stale_fencing_token"
 _EVENT_RECONCILER_FENCED = f"""
     SELECT l.token, l.resource INTO lease
       FROM ledger_operation o

@@ -28,6 +28,10 @@ SANCTIONED = "ledger_sanctioned(TG_RELID)"
 # chain, setting `chain_seq` and `chain_hash` once (ledger.chain.seal). The same owner check
 # as `ledger_sanctioned`, for the setting's value 'seal'.
 SEALING = "ledger_sealing(TG_RELID)"
+# The hint of PostgreSQL's refusal of a write that does not carry the current fencing token
+# of its lease: ledger.transitions and ledger.leases raise StaleFencingToken for it, with
+# the current token from the detail ('' when there is no lease).
+FENCE_HINT = "stale_fencing_token"
 
 
 class UnbypassableTriggerSql(compiler.UpsertTriggerSql):
