@@ -157,6 +157,132 @@ _EVENT_SEALED_ONCE = """
     RETURN NEW;
 """
 
+# No column of an operation changes but through a transition that writes its event in the
+# same statement (ledger.transitions: the row's UPDATE and the event's INSERT are one
+# statement), column by column. A BEFORE trigger holds each column to the changes a
+# transition makes of it; an AFTER trigger (at the end of the statement) finds the event.
+#
+# Without a version step (no transition) only two changes pass: the duplicate mark another
+# operation's success sets on its succeeded twins (`duplicate`, in that success's statement),
+# and retention's redaction inside its sanctioned function. With one (the transition check
+# admits a step only with a state change, a terminal operation's flag or re-read, or an
+# approver's intent edit): the columns below only as the named moves change them, the rest
+# (target, retry policy, run, step, trace, redaction) never; identity, intent and the facts
+# relied on are the transition check's and operation_submit_on_current_facts's.
+_STEP_COLUMNS = {
+    # column: the condition under which a transition may change it
+    "attempt": f"OLD.state = '{State.SAFE_TO_RETRY}' AND NEW.state = '{State.SUBMITTED}' "
+               "AND NEW.attempt = OLD.attempt + 1",
+    "submitted_at": f"moved AND NEW.state = '{State.SUBMITTED}'",
+    "in_flight_until": f"moved AND NEW.state IN ('{State.SUBMITTED}', '{State.OUTCOME_UNKNOWN}')",
+    "unknown_since": f"moved AND (NEW.state = '{State.OUTCOME_UNKNOWN}' OR "
+                     f"NEW.state = '{State.SUBMITTED}' AND NEW.unknown_since IS NULL)",
+    "completed_at": "moved AND NEW.state IN ({terminal})",
+    "result": f"moved AND NEW.state = '{State.SUCCEEDED}'",
+    "result_unstorable": f"moved AND NEW.state = '{State.SUCCEEDED}'",
+    "state_changed_at": "moved",
+    "error_code": "moved",
+    "error_detail": "moved",
+    "next_attempt_at": "moved",
+    "reconcile_attempts": "moved",
+    "reconcile_failures": "true",
+    "reread_due_at": "true",
+    "conflict": "true",
+    "target": "false",
+    "retry_policy": "false",
+    "run_id": "false",
+    "step_id": "false",
+    "trace_id": "false",
+    "span_id": "false",
+    "authentication_recorded": "false",
+    "redacted_at": "false",
+}
+
+
+def _refusals() -> list[tuple[str, str]]:
+    """(column, the SQL condition under which a version step's change of it is refused)."""
+    terminal = ", ".join(f"'{state}'" for state in sorted(TERMINAL))
+    moved = "NEW.state IS DISTINCT FROM OLD.state"
+    return [
+        (column, f"NEW.{column} IS DISTINCT FROM OLD.{column} AND NOT "
+                 f"({rule.format(terminal=terminal).replace('moved', f'({moved})')})")
+        for column, rule in _STEP_COLUMNS.items()
+    ]
+
+
+# The trigger's WHEN clause: PostgreSQL calls its function only for a change it refuses
+# (or one it must look at: an UPDATE without a version step that changes anything, the
+# duplicate mark and the redaction among them). A well-formed transition, the write path,
+# is decided by the condition alone, without a call (bench P1).
+def _columns_by_event_condition() -> str:
+    refused = " OR ".join(f"({condition})" for _, condition in _refusals())
+    return (f"((OLD.version = NEW.version AND OLD.* IS DISTINCT FROM NEW.*) "
+            f"OR (OLD.version IS DISTINCT FROM NEW.version AND ({refused})))")
+
+
+def _columns_by_event() -> str:
+    refused = ",\n           ".join(
+        f"CASE WHEN {condition} THEN '{column}' END" for column, condition in _refusals()
+    )
+    return f"""
+    IF NEW.version = OLD.version THEN
+        IF {SANCTIONED} THEN
+            RETURN NEW;
+        END IF;
+        SELECT string_agg(n.key, ', ' ORDER BY n.key) INTO changed
+          FROM jsonb_each(to_jsonb(NEW)) n
+         WHERE n.value IS DISTINCT FROM to_jsonb(OLD) -> n.key
+           AND NOT (n.key = 'conflict' AND NEW.conflict = '{Conflict.DUPLICATE}'
+                    AND OLD.state = '{State.SUCCEEDED}' AND NEW.state = OLD.state);
+        IF changed IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('operation %s: expected a change of its columns to be a '
+                                 'transition with its event (version %s -> %s, through '
+                                 'ledger.receipts), found an UPDATE of %s at version %s '
+                                 'in state %s', OLD.operation_id, OLD.version,
+                                 OLD.version + 1, changed, OLD.version, OLD.state);
+        END IF;
+        RETURN NEW;
+    END IF;
+    changed := array_to_string(ARRAY[
+           {refused}], ', ');
+    IF changed <> '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected the transition %s -> %s (version %s) to '
+                             'change only what that move changes, found it changing %s',
+                             OLD.operation_id, OLD.state, NEW.state, NEW.version, changed);
+    END IF;
+    RETURN NEW;
+"""
+
+
+# At the end of the statement that stepped the version: that statement wrote the event of
+# the new version (same transaction and command: xmin and cmin of both rows), recording the
+# move the row made and the external_id it now carries (what the chain covers).
+_EVENT_IN_STATEMENT = """
+    SELECT e.from_state, e.to_state, e.external_id,
+           e.xmin = o.xmin AND e.cmin = o.cmin AS same_statement
+      INTO event
+      FROM ledger_operationevent e JOIN ledger_operation o ON o.id = e.operation_id
+     WHERE e.operation_id = NEW.id AND e.version = NEW.version;
+    IF NOT FOUND OR NOT event.same_statement OR event.from_state <> OLD.state
+       OR event.to_state <> NEW.state OR event.external_id <> NEW.external_id THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected the statement changing it to version %s '
+                             '(%s -> %s, external_id %L) to write the event of that version, '
+                             'found %s; change operations through ledger.receipts',
+                             NEW.operation_id, NEW.version, OLD.state, NEW.state,
+                             NEW.external_id,
+                             CASE WHEN NOT FOUND THEN 'none'
+                                  WHEN NOT event.same_statement
+                                  THEN 'one written by another statement'
+                                  ELSE format('an event of %s -> %s, external_id %L',
+                                              event.from_state, event.to_state,
+                                              event.external_id) END);
+    END IF;
+    RETURN NULL;
+"""
+
 _TERMINAL_SQL = ", ".join(f"'{state}'" for state in sorted(TERMINAL))
 _TERMINAL_TEXT = ", ".join(sorted(TERMINAL))
 # The database's own guarantee behind retention: nothing unfinished is ever forgotten.
@@ -427,24 +553,23 @@ class Operation(models.Model):
                 declare=[("changed", "text")],
                 func=_TERMINAL_IMMUTABLE,
             ),
-            # A change of the conflict flag alone (a terminal operation, whose version the
-            # transition trigger lets step by one for it) carries its event too.
             Trigger(
-                name="operation_flag_evented",
+                name="operation_with_its_event",
                 operation=pgtrigger.Update,
-                when=pgtrigger.After,
-                timing=pgtrigger.Deferred,
-                condition=pgtrigger.Q(old__version__df=pgtrigger.F("new__version"),
-                                      old__state=pgtrigger.F("new__state")),
-                func=_event_recorded("OLD.state"),
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition(_columns_by_event_condition()),
+                declare=[("changed", "text")],
+                func=_columns_by_event(),
             ),
+            # Every version step (a state change, a terminal operation's flag or re-read,
+            # an approver's intent edit) with its event, in the same statement.
             Trigger(
-                name="operation_change_evented",
+                name="operation_event_in_statement",
                 operation=pgtrigger.Update,
                 when=pgtrigger.After,
-                timing=pgtrigger.Deferred,
-                condition=pgtrigger.Q(old__state__df=pgtrigger.F("new__state")),
-                func=_event_recorded("OLD.state"),
+                condition=pgtrigger.Q(old__version__df=pgtrigger.F("new__version")),
+                declare=[("event", "record")],
+                func=_EVENT_IN_STATEMENT,
             ),
             GATE_TRIGGER,
             # Named to fire before the gate (triggers fire in name order): a step's
