@@ -13,7 +13,7 @@ import ledger.models.triggers
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0034_system_events_from_reconciler'),
+        ('ledger', '0035_run_fence_steps_obligations_facts'),
     ]
 
     operations = [
