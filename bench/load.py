@@ -7,17 +7,20 @@ Starts, on loopback only, in a database of its own (`agent_ledger_load`, recreat
 - the simulated articles service, which does NOT deduplicate keys (only the ledger can
   prevent a second article) and drops 4% of responses after committing and loses 4% of
   requests before committing (the agents' sends then end in outcome_unknown);
-- gunicorn with 4 uvicorn workers on config.asgi, production settings, the connection pool
-  and collectstatic's files (`make serve`'s configuration, config/gunicorn.conf.py);
+- gunicorn on config.asgi as `make serve` runs it (config/gunicorn.conf.py's workers and
+  uvicorn worker, production settings, the connection pool, collectstatic's files);
 - 2 `manage.py reconcile` processes;
-- 20 agents, each a thread of this process: record the intent, submit, send, record the
-  answer; an operation the reconcilers prove absent (safe_to_retry) is resent under the
-  same key. Even agents write through the `ledger` API in this process; odd agents go over
-  the HTTP API to the gunicorn server under test (one keep-alive connection each, one agent
-  key created for the run whose secret only they hold), passing `expected_version` on every
-  mark, so that both transports load the same database at once;
-- 5 reviewers, each logged in over HTTP with a session, loading the queue, an operation's
-  page and the audit log in turn.
+- 20 agents: record the intent, submit, send, record the answer; an operation the
+  reconcilers prove absent (safe_to_retry) is resent under the same key. Even agents write
+  through the `ledger` API over the ORM; odd agents go over the HTTP API to the gunicorn
+  server under test (one keep-alive connection each, one agent key created for the run
+  whose secret only they hold), passing `expected_version` on every mark, so that both
+  transports load the same database at once. Each transport's agents are threads of a
+  process of their own (neither kind waits for the other's interpreter lock, nor for this
+  process's service, reviewers or checks), started together once both are ready;
+- 5 reviewers, each logged in over HTTP with a session (before the agents start: a
+  login's password hash is set-up, not load), loading the queue, an operation's page and
+  the audit log in turn.
 
 Bounded: the agents stop after --seconds or --operations each, whichever comes first; the
 reconcilers then get up to --drain seconds to empty the backlog. Prints throughput, page
@@ -27,7 +30,9 @@ legal transitions ending in its state (each transition evidenced exactly once), 
 operation an agent saw succeed or be rejected in that state, the HTTP agents' transitions
 recorded under their key's name (and nobody else's), and `verify_audit` clean. Throughput
 is printed per transport, with the HTTP API's errors (problem+json, counted by status and
-type; an agent never crashes on one). Exits non-zero if an invariant fails.
+type; an agent never crashes on one), and the CPU each transport's operations
+cost: its agents' process, and for HTTP the web workers' (which also serve the
+reviewers' pages; PostgreSQL's is not counted). Exits non-zero if an invariant fails.
 
 A small run for tests: `--agents 4 --reviewers 1 --web-workers 2 --summary PATH` (the
 summary as JSON at PATH instead of bench/results/latest.json). When the sealer of the
@@ -50,6 +55,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from queue import Empty
 from urllib.parse import quote, urlencode
 
 os.environ.setdefault("LEDGER_BENCH_DATABASE", "agent_ledger_load")
@@ -161,6 +167,24 @@ def start_reconcilers(log) -> list[subprocess.Popen]:
                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
                              start_new_session=True)
             for i in range(RECONCILERS)]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by process `pid` and its children, from
+    Linux's /proc (0.0 elsewhere). A child that already exited is not counted."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return 0.0
+    for each in [pid, *map(int, children)]:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -390,6 +414,89 @@ def agent_loop(index: int, ledger, service_url: str, deadline: float, limit: int
         ledger.close()
 
 
+def agents_process(transport: str, indices: list[int], api: tuple[str, str] | None,
+                   service_url: str, seconds: float, limit: int, ready, go, results) -> None:
+    """One transport's agents (`indices`), each a thread of this process (started by
+    `run_agents` with multiprocessing's spawn): set up, say `ready`, wait for `go`, run
+    for `seconds`, then put what they saw on `results`."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ["LEDGER_DATABASE_NAME"] = BENCH_DATABASE
+    django.setup()
+    errors = ApiErrors()
+    stats = AgentStats(transport)
+    ledgers = [transport_for(i, (*api, errors) if api else None) for i in indices]
+    ready.put(transport)
+    go.wait()
+    cpu_before = time.process_time()
+    deadline = time.monotonic() + seconds
+    agents = [threading.Thread(target=agent_loop, args=(
+        i, ledger, service_url, deadline, limit, stats))
+        for i, ledger in zip(indices, ledgers, strict=True)]
+    for t in agents:
+        t.start()
+    for t in agents:
+        t.join()
+    results.put((transport, {**stats.as_dict(), "cpu": time.process_time() - cpu_before}, {
+        "counts": dict(errors.counts), "examples": errors.examples,
+        "requests": errors.requests}))
+
+
+def run_agents(groups: dict[str, tuple[list[int], tuple[str, str] | None]],
+               service_url: str, seconds: float, limit: int, on_start=None):
+    """Each transport's agents in a process of its own, started together: (stats by
+    transport, the HTTP API's errors, the seconds from the start until the last finished).
+    `on_start` runs once both are ready, just before they start."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=agents_process, name=f"agents {transport}", args=(
+        transport, indices, api, service_url, seconds, limit, ready, go, results))
+        for transport, (indices, api) in groups.items()]
+    for proc in procs:
+        proc.start()
+
+    def collect(queue, timeout: float):
+        """The queue's next item, or SystemExit if an agents' process died first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return queue.get(timeout=0.5)
+            except Empty:
+                dead = [f"{p.name} (exit {p.exitcode})" for p in procs
+                        if p.exitcode not in (None, 0)]
+                if dead:
+                    raise SystemExit(f"expected the agents' processes to run, found "
+                                     f"{', '.join(dead)} ended; see its traceback above") from None
+        raise SystemExit(f"expected the agents' processes to answer within {timeout:.0f} s")
+
+    try:
+        for _ in procs:
+            collect(ready, 120)
+        if on_start is not None:
+            on_start()
+        started = time.monotonic()
+        go.set()
+        found: dict[str, AgentStats] = {}
+        errors = ApiErrors()
+        for _ in procs:
+            transport, data, errs = collect(results, seconds + 300)
+            found[transport] = AgentStats.from_dict(transport, data)
+            errors.counts.update(errs["counts"])
+            errors.examples += errs["examples"]
+            errors.requests += errs["requests"]
+        elapsed = time.monotonic() - started
+        stats = {transport: found[transport] for transport in groups}
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    return stats, errors, elapsed
+
+
 def _fault(rng: random.Random) -> str | None:
     roll = rng.random()
     for fault, share in FAULTS:
@@ -410,6 +517,22 @@ class AgentStats:
         self.states: collections.Counter = collections.Counter()
         self.seen: dict[str, str] = {}
         self.resends = 0
+        self.cpu = 0.0  # seconds of CPU their process used while they ran
+
+    def as_dict(self) -> dict:
+        """What the agents' process sends back to the main one."""
+        return {"samples": self.watch.samples, "states": dict(self.states),
+                "seen": self.seen, "resends": self.resends}
+
+    @classmethod
+    def from_dict(cls, transport: str, data: dict) -> AgentStats:
+        stats = cls(transport)
+        stats.watch.samples = list(data["samples"])
+        stats.states.update(data["states"])
+        stats.seen = dict(data["seen"])
+        stats.resends = data["resends"]
+        stats.cpu = data.get("cpu", 0.0)
+        return stats
 
     def lifecycle(self, seconds: float, key: str, state: str) -> None:
         with self.lock:
@@ -474,7 +597,8 @@ class Reviewer:
 
 
 def reviewer_loop(reviewer: Reviewer, stop_at: threading.Event, pages, errors) -> None:
-    reviewer.log_in()
+    """Load the queue, an operation and the audit log in turn until `stop_at` (the reviewer
+    logged in beforehand: a login's password hash is not part of the measured load)."""
     operation_path = None
     while not stop_at.is_set():
         for name, path in (("queue", "/"), ("operation", operation_path), ("audit", "/audit/")):
@@ -615,7 +739,8 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=60.0,
                         help="seconds the reconcilers get afterwards to empty the backlog")
     parser.add_argument("--agents", type=int, default=AGENTS,
-                        help="agents (threads); the odd ones go over the HTTP API")
+                        help="agents (threads of one process per transport); the odd ones go "
+                             "over the HTTP API")
     parser.add_argument("--reviewers", type=int, default=REVIEWERS)
     parser.add_argument("--web-workers", type=int, default=WEB_WORKERS,
                         help="gunicorn workers (default: config/gunicorn.conf.py's, as "
@@ -663,27 +788,28 @@ def main() -> int:
               f"x{args.web_workers or 'default'} on :{port}, {RECONCILERS} reconcilers; up to "
               f"{args.seconds:.0f} s (logs in {workdir})", flush=True)
 
-        stats = {transport: AgentStats(transport) for transport in ("in process", "http")}
-        api_errors = ApiErrors()
-        api = (f"http://127.0.0.1:{port}", secret, api_errors)
         pages = {name: Stopwatch(name) for name in ("queue", "operation", "audit")}
         page_errors: list[str] = []
         stop_reviewers = threading.Event()
+        logged_in = [Reviewer(port, f"load-reviewer-{i}") for i in range(args.reviewers)]
+        for reviewer in logged_in:
+            reviewer.log_in()
         reviewers = [threading.Thread(target=reviewer_loop, args=(
-            Reviewer(port, f"load-reviewer-{i}"), stop_reviewers, pages, page_errors))
-            for i in range(args.reviewers)]
-        ledgers = [transport_for(i, api) for i in range(args.agents)]
+            reviewer, stop_reviewers, pages, page_errors)) for reviewer in logged_in]
         load_before = os.getloadavg()[0]
-        started = time.monotonic()
-        deadline = started + args.seconds
-        agents = [threading.Thread(target=agent_loop, args=(
-            i, ledger, service.url, deadline, args.operations, stats[ledger.transport]))
-            for i, ledger in enumerate(ledgers)]
-        for t in reviewers + agents:
-            t.start()
-        for t in agents:
-            t.join()
-        elapsed = time.monotonic() - started
+        web_cpu = []
+
+        def start_reviewers():
+            web_cpu.append(tree_cpu_seconds(web.pid))
+            for t in reviewers:
+                t.start()
+
+        groups = {"in process": ([i for i in range(args.agents) if i % 2 == 0], None),
+                  "http": ([i for i in range(args.agents) if i % 2 == 1],
+                           (f"http://127.0.0.1:{port}", secret))}
+        stats, api_errors, elapsed = run_agents(groups, service.url, args.seconds,
+                                                args.operations, on_start=start_reviewers)
+        web_cpu.append(tree_cpu_seconds(web.pid))
         load_after = os.getloadavg()[0]
         stop_reviewers.set()
         for t in reviewers:
@@ -730,6 +856,18 @@ def main() -> int:
         rows.append((f"  {transport} outcomes when sent",
                      ", ".join(f"{s} {c}" for s, c in stat.states.most_common())
                      + f"; resent after proven absent {stat.resends}"))
+    ops = {t: len(stat.watch.samples) for t, stat in stats.items()}
+    web_seconds = web_cpu[1] - web_cpu[0] if len(web_cpu) == 2 else 0.0
+    cpu_per_op = {
+        "in process": stats["in process"].cpu / max(ops["in process"], 1),
+        "http": stats["http"].cpu / max(ops["http"], 1),
+        "web": web_seconds / max(ops["http"], 1),
+    }
+    rows.append(("CPU per operation", (
+        f"in process: {ms(cpu_per_op['in process'])} in the agents' process; "
+        f"http: {ms(cpu_per_op['http'])} in the agents' process + "
+        f"{ms(cpu_per_op['web'])} in the web workers ({web_seconds:.1f} s, shared with "
+        f"the reviewers' pages; PostgreSQL's not counted)")))
     rows.append(("per-agent ratio", (f"HTTP {ratio:.2f}x in process" if ratio is not None
                                      else "no in-process operations")
                  + f" (load average {load_before:.1f} before, {load_after:.1f} after)"))
@@ -771,6 +909,8 @@ def main() -> int:
             "outcomes": dict(stat.states), "resent": stat.resends,
         } for transport, stat in stats.items()},
         "per_agent_ratio_http_to_in_process": ratio,
+        "cpu_per_operation_ms": {k: v * 1000 for k, v in cpu_per_op.items()},
+        "web_cpu_seconds": web_seconds,
         "load_average": [load_before, load_after],
         "http_requests": api_errors.requests, "http_errors": dict(api_errors.counts),
         "page_p50_ms": all_pages.median * 1000 if all_pages.samples else None,
