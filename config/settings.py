@@ -140,8 +140,9 @@ DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = (
 # A pool of connections per process (psycopg_pool through Django's OPTIONS "pool"), on by
 # default in production: a request or a worker pass borrows a connection and gives it back
 # instead of opening one (3-5 ms and a server process each time). Size it per process:
-# a gunicorn worker runs its requests side by side on the event loop's executor threads
-# (min(32, CPUs + 4)); a request that finds all `max_size` connections busy waits up to
+# a gunicorn worker (config/workers.py) runs the API's requests side by side on max_size - 1
+# threads and the desk's on one more, so that none waits for a connection; a request that
+# still finds all `max_size` connections busy (LEDGER_WEB_THREADS set higher) waits up to
 # LEDGER_DB_POOL_TIMEOUT, then is answered 503 database-unavailable (api/http.py), never
 # a 500. `max_size` 4 also leaves room for the threads of `manage.py reconcile --workers`;
 # the server then needs about (web workers + worker processes) x max_size connections

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from gunicorn.arbiter import Arbiter
 from uvicorn.server import Server
@@ -83,9 +85,34 @@ def close_when_draining(app, server: DrainingServer):
     return wrapped
 
 
+def request_threads(database: dict | None = None) -> int | None:
+    """How many threads a worker runs the agent API's requests on (config.asgi's
+    APIHandler, the event loop's default executor): LEDGER_WEB_THREADS, else one fewer than
+    the worker's database pool holds, since the desk's requests and the MCP tools' calls run
+    on one thread of their own beside them (asgiref's thread-sensitive thread). Then every
+    thread that runs a request finds a connection free, instead of waiting for one (up to
+    LEDGER_DB_POOL_TIMEOUT, then 503). None without a pool: asyncio's default.
+    `database`: settings.DATABASES["default"] unless given.
+    """
+    if os.environ.get("LEDGER_WEB_THREADS"):
+        return max(1, int(os.environ["LEDGER_WEB_THREADS"]))
+    if database is None:
+        from django.conf import settings
+
+        database = settings.DATABASES["default"]
+    pool = (database.get("OPTIONS") or {}).get("pool")
+    if not isinstance(pool, dict) or "max_size" not in pool:
+        return None
+    return max(1, int(pool["max_size"]) - 1)
+
+
 class GracefulUvicornWorker(UvicornWorker):
     async def _serve(self) -> None:
         self.config.timeout_graceful_shutdown = self.cfg.graceful_timeout
+        threads = request_threads()
+        if threads is not None:
+            asyncio.get_running_loop().set_default_executor(
+                ThreadPoolExecutor(threads, thread_name_prefix="request"))
         server = DrainingServer(config=self.config)
         self.config.app = close_when_draining(self.wsgi, server)
         self._install_sigquit_handler()

@@ -234,3 +234,16 @@ def test_workers_recycled_under_load_drop_no_request(tmp_path):
     assert recycled >= 4, text[-3000:]
     assert failures == [], f"{len(failures)} of 480 failed: {failures[:5]}"
     assert len(answered) == 480
+
+
+def test_a_worker_runs_the_api_on_one_thread_fewer_than_its_pool_holds(monkeypatch):
+    """config.workers.request_threads: the desk's thread and the API's threads together
+    never want more connections than the worker's pool holds; LEDGER_WEB_THREADS wins."""
+    from config.workers import request_threads
+
+    monkeypatch.delenv("LEDGER_WEB_THREADS", raising=False)
+    assert request_threads({"OPTIONS": {"pool": {"max_size": 4}}}) == 3
+    assert request_threads({"OPTIONS": {"pool": {"max_size": 1}}}) == 1
+    assert request_threads({"OPTIONS": {}}) is None  # no pool: asyncio's default executor
+    monkeypatch.setenv("LEDGER_WEB_THREADS", "6")
+    assert request_threads({"OPTIONS": {"pool": {"max_size": 4}}}) == 6
