@@ -26,12 +26,14 @@ first; human decisions on facts register the same way. A purge that deletes link
 `ChainAnchor` (seq, hash) for the last deleted link of each gap, so the rest still verifies.
 
 What an operation event's link covers has a format (`OperationEvent.chain_format`):
-format 1 the transition alone; format 2 (`CURRENT_FORMAT`, every event written since) also
-the operation's `external_id` after the move, the deciding user of a person's event
-(`decided_by`) and the seal of the `Evidence` row the reconciler wrote with it
-(`evidence_seal`: the row's digest, so the row itself cannot be rewritten unseen;
-retention's redaction of its payloads is accounted for). Old events keep verifying the
-way they were written.
+format 1 the transition alone; format 2 also the operation's `external_id` after the move,
+the deciding user of a person's event (`decided_by`) and the seal of the `Evidence` row the
+reconciler wrote with it (`evidence_seal`: the row's digest, so the row itself cannot be
+rewritten unseen; retention's redaction of its payloads is accounted for); format 3
+(`CURRENT_FORMAT`, every event written since) also the operation's identity and content as
+of the event (`content`: target, the digests of its intent and result, fingerprint, key,
+retry policy; `content_sql`), computed by PostgreSQL from the row the event's own statement
+wrote. Old events keep verifying the way they were written.
 
 `verify` checks, besides every link:
 - the chain heads recorded by earlier intact verifications, and any heads the caller
@@ -41,7 +43,11 @@ way they were written.
 - every Evidence row against the event that sealed it (format 2), or, written before
   format 2, its verdict against the reconciler's event; a row no event accounts for, or a
   sealed row that is gone, is a break;
-- every operation row's state, version and (format 2) external_id against its last event.
+- every operation row's state, version, (format 2) external_id and (format 3) content
+  against its last event; every row that differs is reported (`Verification.differing`),
+  by operation id and what differs. An intent retention redacted (the operation's
+  `redacted_at`, its marker, and the `Redaction` row recording it) is held to nothing
+  more: its digest is gone with it.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -66,7 +72,30 @@ from ledger.states import ActorKind
 
 GENESIS = "0" * 64
 # The format every operation event is written in now (see the module's docstring).
-CURRENT_FORMAT = 2
+CURRENT_FORMAT = 3
+
+
+def _digest_sql(value: str) -> str:
+    """The SQL of the sha256 (hex) of `value`'s text (jsonb's own text form); NULL stays NULL."""
+    return f"encode(sha256(convert_to(({value})::text, 'UTF8')), 'hex')"
+
+
+def content_sql(row: str, *, intent: str | None = None) -> str:
+    """The SQL of what a format 3 link covers of the operation `row` (a table alias or CTE
+    name with the operation's columns): its target, key, retry policy, fingerprint and the
+    digests of its intent and result, as a jsonb object. The statements of
+    `ledger.transitions` store it on the event from the row they wrote; verification
+    computes it again from the stored row (`intent`: another expression for the intent's
+    digest, for a redacted one)."""
+    return (f"jsonb_build_object('target', {row}.target, 'intent', "
+            f"{intent or _digest_sql(f'{row}.intent')}, 'fingerprint', "
+            f"{row}.intent_fingerprint, 'key', {row}.idempotency_key, 'retry_policy', "
+            f"{row}.retry_policy, 'result', {_digest_sql(f'{row}.result')})")
+
+
+# The columns `content_sql` reads: every statement writing an event returns them.
+CONTENT_COLUMNS = ("target", "intent", "intent_fingerprint", "idempotency_key", "retry_policy",
+                   "result")
 
 
 def hash_sql(body: str, prev: str, seq: str) -> str:
@@ -297,6 +326,8 @@ def operation_event_payload(event) -> dict[str, Any]:
     if getattr(event, "chain_format", 1) >= 2:
         payload.update(chain_format=event.chain_format, external_id=event.external_id,
                        evidence_seal=event.evidence_seal, decided_by=event.decided_by_id)
+    if getattr(event, "chain_format", 1) >= 3:
+        payload["content"] = event.content
     return payload
 
 
@@ -434,6 +465,9 @@ class Checkpoint:
 class Verification:
     record: AuditVerification
     first_break: Break | None
+    # Every operation row that differs from its last event (at most MAX_DIFFERING per
+    # tenant; each head's `operations_differing` counts them all).
+    differing: list[Break] = field(default_factory=list)
 
     @property
     def is_intact(self) -> bool:
@@ -503,7 +537,10 @@ def verify(
                                    "links_checked": 0})
             heads[key].update(unsealed=tail.events, unsealed_since=timestamp(tail.oldest_at))
         order = list(heads)
-        for tenant, counts, found in (*_check_evidence(book), *_check_operations()):
+        differing: list[Break] = []
+        checked = [(tenant, counts, [] if found is None else [found])
+                   for tenant, counts, found in _check_evidence(book)]
+        for tenant, counts, found in (*checked, *_check_operations()):
             key = (OPERATION_EVENTS.name, tenant)
             if key not in heads:  # rows of a tenant whose chain is gone entirely
                 heads[key] = {"chain": key[0], "tenant": tenant, "seq": 0, "hash": "",
@@ -511,8 +548,10 @@ def verify(
                 order.append(key)
             for name, count in counts.items():
                 heads[key][name] = heads[key].get(name, 0) + count
-            if found is not None:
-                breaks.setdefault(key, found)
+            if found:
+                breaks.setdefault(key, found[0])
+            if "operations_differing" in counts:
+                differing += found
         for key in order:
             heads[key]["is_intact"] = key not in breaks
         first_break = next((breaks[key] for key in order if key in breaks), None)
@@ -524,7 +563,7 @@ def verify(
             first_break=first_break.as_dict() if first_break else None,
             heads=[heads[key] for key in order],
         )
-    return Verification(record=record, first_break=first_break)
+    return Verification(record=record, first_break=first_break, differing=differing)
 
 
 @contextmanager
@@ -816,64 +855,104 @@ def _check_evidence(book: _SealBook) -> Iterator[tuple[str, dict[str, int], Brea
         yield tenant, counts.get(tenant, {}), breaks.get(tenant)
 
 
-# Each operation against its last event: one pass, the first mismatch per tenant.
-_LAST_EVENTS = """
+# An operation's content as verification holds it to its last event: the stored row's, but
+# for an intent retention redacted (its marker, redacted_at, and the Redaction row that
+# recorded it), whose digest is then the event's own (the intent is gone).
+_HELD_CONTENT = content_sql("o", intent=(
+    f"CASE WHEN o.redacted_at IS NOT NULL AND o.intent = '{canonical_json(REDACTED_PAYLOAD)}'"
+    "::jsonb AND EXISTS (SELECT 1 FROM ledger_redaction r WHERE r.operation_ref = "
+    "o.operation_id) THEN e.content->>'intent' ELSE " + _digest_sql("o.intent") + " END"))
+
+# Each operation against its last event: one pass, every mismatch per tenant.
+_LAST_EVENTS = f"""
     WITH last AS (
         SELECT o.id, o.tenant, e.chain_format,
                e.id IS NULL OR o.state <> e.to_state OR o.version <> e.version
-               OR (e.chain_format >= 2 AND o.external_id <> e.external_id) AS differs
+               OR (e.chain_format >= 2 AND o.external_id <> e.external_id)
+               OR (e.chain_format >= 3 AND {_HELD_CONTENT} IS DISTINCT FROM e.content)
+               AS differs
           FROM ledger_operation o
           LEFT JOIN LATERAL (
-              SELECT id, to_state, version, chain_format, external_id
+              SELECT id, to_state, version, chain_format, external_id, content
                 FROM ledger_operationevent WHERE operation_id = o.id
                ORDER BY version DESC LIMIT 1) e ON true
     )
     SELECT tenant, count(*), count(*) FILTER (WHERE chain_format < 2),
-           min(id) FILTER (WHERE differs)
+           count(*) FILTER (WHERE chain_format < 3),
+           array_agg(id ORDER BY id) FILTER (WHERE differs)
       FROM last GROUP BY tenant ORDER BY tenant
 """
 
-_ONE_LAST_EVENT = """
-    SELECT o.operation_id, o.state, o.version, o.external_id,
-           e.id, e.chain_seq, e.to_state, e.version, e.chain_format, e.external_id
+_DIFFERING = f"""
+    SELECT o.operation_id, o.state, o.version, o.external_id, {_HELD_CONTENT},
+           e.id, e.chain_seq, e.to_state, e.version, e.chain_format, e.external_id, e.content
       FROM ledger_operation o
       LEFT JOIN LATERAL (
           SELECT * FROM ledger_operationevent WHERE operation_id = o.id
            ORDER BY version DESC LIMIT 1) e ON true
-     WHERE o.id = %s
+     WHERE o.id = ANY(%s)
+     ORDER BY o.id
 """
 
+# Rows that differ, reported one by one (per tenant; the count says how many in all).
+MAX_DIFFERING = 1000
 
-def _check_operations() -> Iterator[tuple[str, dict[str, int], Break | None]]:
-    """Per tenant: (tenant, counts, first break) of its operation rows against their last
-    events: state and version always, external_id when that event is format 2."""
+
+def _check_operations() -> Iterator[tuple[str, dict[str, int], list[Break]]]:
+    """Per tenant: (tenant, counts, a break per operation row that differs from its last
+    event): state and version always, external_id from format 2, content from format 3."""
     with connection.cursor() as cursor:
         cursor.execute(_LAST_EVENTS)
         tenants = cursor.fetchall()
-        for tenant, operations, before_format_2, differing in tenants:
+        for tenant, operations, before_format_2, before_format_3, differing in tenants:
             counts = {"operations_checked": operations,
-                      "operations_external_id_unchecked": before_format_2}
-            if differing is None:
-                yield tenant, counts, None
+                      "operations_external_id_unchecked": before_format_2,
+                      "operations_content_unchecked": before_format_3,
+                      "operations_differing": len(differing or ())}
+            if not differing:
+                yield tenant, counts, []
                 continue
-            cursor.execute(_ONE_LAST_EVENT, [differing])
-            (operation_ref, state, version, external_id, event_id, seq, to_state,
-             event_version, chain_format, event_external_id) = cursor.fetchone()
-            ids = {"operation_id": operation_ref}
-            if event_id is None:
-                yield tenant, counts, Break(
-                    OPERATION_EVENTS.name, tenant, 0, expected="an event recording it",
-                    found=f"none (state {state}, version {version})", ids=ids,
-                    message="the operation has no event: it was inserted out of band")
-                continue
-            ids["event_id"] = event_id
-            with_id = chain_format >= 2
-            yield tenant, counts, Break(
-                OPERATION_EVENTS.name, tenant, seq,
-                expected=_row_state(to_state, event_version, event_external_id, with_id),
-                found=_row_state(state, version, external_id, with_id), ids=ids,
-                message="the operation row differs from its last event: it was changed "
-                        "out of band")
+            cursor.execute(_DIFFERING, [differing[:MAX_DIFFERING]])
+            yield tenant, counts, [_differs(tenant, *row) for row in cursor.fetchall()]
+
+
+def _differs(tenant, operation_ref, state, version, external_id, content, event_id, seq,
+             to_state, event_version, chain_format, event_external_id, event_content
+             ) -> Break:
+    ids = {"operation_id": operation_ref}
+    if event_id is None:
+        return Break(OPERATION_EVENTS.name, tenant, 0, expected="an event recording it",
+                     found=f"none (state {state}, version {version})", ids=ids,
+                     message="the operation has no event: it was inserted out of band")
+    ids["event_id"] = event_id
+    with_id = chain_format >= 2
+    expected = _row_state(to_state, event_version, event_external_id, with_id)
+    found = _row_state(state, version, external_id, with_id)
+    fields = [name for name, a, b in (("state", state, to_state),
+                                      ("version", version, event_version),
+                                      ("external_id", external_id, event_external_id))
+              if a != b and (with_id or name != "external_id")]
+    if chain_format >= 3:
+        # Django reads jsonb as text through a plain cursor.
+        held, recorded = (json.loads(value) if isinstance(value, str) else value or {}
+                          for value in (content, event_content))
+        changed = sorted(key for key in held.keys() | recorded.keys()
+                         if held.get(key) != recorded.get(key))
+        fields += changed
+        if changed:
+            expected += "; " + _content_text(recorded, changed)
+            found += "; " + _content_text(held, changed)
+    return Break(OPERATION_EVENTS.name, tenant, seq or 0, expected=expected, found=found,
+                 ids=ids, message=f"the operation row differs from its last event in "
+                                  f"{', '.join(fields)}: it was changed out of band")
+
+
+def _content_text(content: dict[str, Any], keys: list[str]) -> str:
+    digests = {"intent", "result"}
+    return ", ".join(
+        f"{key} " + (f"sha256 {content.get(key)}" if key in digests and content.get(key)
+                     else repr(content.get(key)))
+        for key in keys)
 
 
 def _row_state(state: str, version: int, external_id: str, with_id: bool) -> str:

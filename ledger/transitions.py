@@ -668,7 +668,8 @@ def _event(
 ) -> dict[str, Any]:
     """The event's parameters of the statements below, in `chain.CURRENT_FORMAT`: with the
     operation's `external_id` after the move (which the statement also sets on the row)
-    and the seal of `evidence_row`, which its chain link will cover.
+    and the seal of `evidence_row`, which its chain link will cover. The event's `content`
+    (format 3) the statement computes from the row it wrote (`chain.content_sql`).
 
     Evidence and reasons are agent- or person-written: secrets are masked before storage.
     """
@@ -723,19 +724,22 @@ def _compact(sql: str) -> str:
 # event recording the change, for each row of `changed`. It is written unsealed: the sealer
 # links committed events into their tenant's chain within moments (ledger.chain.seal), so
 # writers of one tenant never wait for each other's commits.
-_EVENT = """event AS (
+_EVENT = f"""event AS (
     INSERT INTO ledger_operationevent
            (operation_id, tenant, version, from_state, to_state, actor_kind, actor_id, reason,
             evidence, fencing_token, decided_by_id, created_at, chain_format, external_id,
-            evidence_seal)
+            evidence_seal, content)
     SELECT changed.id, changed.tenant, %(to_version)s, %(from_state)s, %(to_state)s,
            %(actor_kind)s, %(actor_id)s, %(reason)s, %(evidence)s, %(fencing_token)s,
            %(decided_by)s, %(now)s, %(chain_format)s, %(event_external_id)s,
-           %(evidence_seal)s
+           %(evidence_seal)s,
+           CASE WHEN %(chain_format)s >= 3 THEN {chain.content_sql("changed")} END
       FROM changed
     RETURNING operation_id
 )
 """
+# What every `changed` CTE returns besides: the columns the event's content is made of.
+_CONTENT = ", ".join(chain.CONTENT_COLUMNS)
 
 # One change of an operation, as one statement, so that its parts cannot come apart:
 #   changed     the compare-and-set of the row on (state, version): no row when someone
@@ -764,7 +768,7 @@ WITH changed AS (
                ELSE COALESCE(%(conflict)s, ledger_operation.conflict)
            END {{also_set}}
      WHERE id = %(id)s AND state = %(from_state)s AND version = %(from_version)s
-    RETURNING id, tenant, operation, intent_fingerprint, conflict
+    RETURNING id, tenant, operation, conflict, {_CONTENT}
 ),
 duplicates AS (
     UPDATE ledger_operation twin SET conflict = 'duplicate'
@@ -799,7 +803,7 @@ WITH changed AS (
            ({", ".join(connection.ops.quote_name(field.column) for field in _INSERTED)})
     VALUES ({", ".join(f"%({field.attname})s" for field in _INSERTED)})
     ON CONFLICT (tenant, operation, idempotency_key) WHERE idempotency_key > '' DO NOTHING
-    RETURNING id, tenant
+    RETURNING id, tenant, {_CONTENT}
 ),
 {_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)
@@ -815,7 +819,7 @@ WITH changed AS (
     UPDATE ledger_operation SET version = %(to_version)s, conflict = %(conflict)s {{also_set}}
      WHERE id = %(id)s AND state = %(from_state)s AND version = %(from_version)s
        AND (conflict <> %(conflict)s OR %(rereading)s)
-    RETURNING id, tenant
+    RETURNING id, tenant, {_CONTENT}
 ),
 {_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)
@@ -838,7 +842,7 @@ WITH changed AS (
        SET intent = %(intent)s, intent_fingerprint = %(intent_fingerprint)s,
            version = %(to_version)s
      WHERE id = %(id)s AND state = '{State.PLANNED}' AND version = %(from_version)s
-    RETURNING id, tenant
+    RETURNING id, tenant, {_CONTENT}
 ),
 {_EVENT}SELECT changed.id FROM changed JOIN event ON event.operation_id = changed.id
 """)

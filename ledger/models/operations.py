@@ -657,12 +657,16 @@ class OperationEvent(models.Model):
     # once and never again (`event_sealed_once`).
     chain_seq = models.BigIntegerField(null=True, blank=True)
     chain_hash = models.CharField(max_length=64, null=True, blank=True)
-    # What the link's hash covers besides the transition (ledger.chain.FORMATS): 1, events
-    # written before format 2, cover the transition alone; 2 also the operation's
-    # external_id after the move and the seal of the Evidence row written with it.
+    # What the link's hash covers besides the transition (ledger.chain): 1, events written
+    # before format 2, cover the transition alone; 2 also the operation's external_id after
+    # the move and the seal of the Evidence row written with it; 3 also `content`.
     chain_format = models.PositiveSmallIntegerField(default=1, db_default=1)
     external_id = models.CharField(max_length=500, blank=True, default="", db_default="")
     evidence_seal = models.JSONField(null=True, blank=True)
+    # Format 3: the operation's identity and content as of this event (target, digests of
+    # its intent and result, fingerprint, key, retry policy), computed by PostgreSQL from
+    # the row the same statement wrote (ledger.chain.content_sql); the link covers it.
+    content = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

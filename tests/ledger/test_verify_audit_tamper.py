@@ -275,6 +275,67 @@ def test_a_state_moved_with_its_version_but_no_event_is_found():
     assert found.found.startswith(f"state succeeded, version {op.version + 1}")
 
 
+# --- (d) what a receipt says, rewritten (chain format 3) -------------------------------------
+
+# column rewritten -> (value, the name verify_audit gives what differs)
+RECEIPT_REWRITES = {
+    "target": ("https://elsewhere.example/api", "target"),
+    "intent": ('{"title": "forged"}', "intent"),
+    "intent_fingerprint": ("sha256:forged", "fingerprint"),
+    "idempotency_key": ("forged-key", "key"),
+    "retry_policy": ("never", "retry_policy"),
+    "result": ('{"id": "forged"}', "result"),
+    "external_id": ("forged-id", "external_id"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_rewrite_of_what_a_receipt_says_is_reported_by_operation_and_field():
+    ops = {column: OperationFactory(state=State.SUCCEEDED) for column in RECEIPT_REWRITES}
+    chain.seal()
+    assert chain.verify(actor="before").is_intact
+    tamper(*[(f"UPDATE ledger_operation SET {column} = %s{'::jsonb' * (value[0] == '{')} "
+              "WHERE id = %s", [value, ops[column].pk])
+             for column, (value, _) in RECEIPT_REWRITES.items()])
+    status, out, err = verify_audit()
+    assert status == 1, (out, err)
+    for column, (_, name) in RECEIPT_REWRITES.items():
+        op = ops[column]
+        last = OperationEvent.objects.filter(operation=op).order_by("-version").first()
+        assert (f"operation {op.operation_id} (default, last event {last.pk} at seq "
+                f"{last.chain_seq}): the operation row differs from its last event in {name}: "
+                "it was changed out of band") in err, (column, err)
+    [head] = AuditVerification.objects.order_by("-id").first().heads
+    assert head["operations_differing"] == len(RECEIPT_REWRITES)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_format_3_link_covers_its_content_and_format_2_events_verify_as_written(monkeypatch):
+    monkeypatch.setattr(chain, "CURRENT_FORMAT", 2)
+    old = OperationFactory(state=State.SUCCEEDED)
+    monkeypatch.undo()
+    new = OperationFactory(state=State.SUCCEEDED)
+    assert set(OperationEvent.objects.filter(operation=old)
+               .values_list("chain_format", "content")) == {(2, None)}
+    last = OperationEvent.objects.filter(operation=new).order_by("-version").first()
+    assert (last.chain_format, last.content["key"], last.content["target"]) == (
+        3, new.idempotency_key, new.target)
+    result = chain.verify(actor="test")
+    assert result.is_intact, result.first_break
+    assert result.record.heads[0]["operations_content_unchecked"] == 1
+
+    # Format 2 does not cover the content: its operation's intent is not held to it.
+    tamper(("UPDATE ledger_operation SET intent = '{}' WHERE id = %s", [old.pk]))
+    assert chain.verify(actor="test").is_intact
+    # Format 3 does, in the link: an event's content rewritten breaks its link.
+    tamper(("UPDATE ledger_operationevent SET content = content || '{\"target\": \"x\"}' "
+            "WHERE id = %s", [last.pk]))
+    found = broken()
+    last.refresh_from_db()  # sealed by the first verification
+    assert (found.seq, found.ids["event_id"]) == (last.chain_seq, last.pk)
+    assert "the stored hash does not match" in found.message
+
+
 # --- events written before chain format 2 ------------------------------------------------------
 
 

@@ -18,12 +18,14 @@ class Command(BaseCommand):
         "inserted), every chain head against the longest head an earlier intact "
         "verification recorded and against --expect-head (the newest links removed and the "
         "head rewound), every Evidence row against the seal its event carries (rewritten, "
-        "removed or inserted), and every operation's state, version and external_id against "
-        "its last event (changed without one). Exit non-zero naming the first break if any "
-        "row was altered, removed or inserted out of band. Events written before chain "
-        "format 2 do not cover external_id or evidence payloads: their evidence is checked by "
-        "verdict only. It first seals what is committed and unsealed (the sealer's work; "
-        "--no-seal: not), and reports events still unsealed as the chain's unsealed tail."
+        "removed or inserted), and every operation's state, version, external_id and content "
+        "(target, intent, fingerprint, key, retry policy, result) against its last event "
+        "(changed without one), listing every operation row that differs. Exit non-zero "
+        "naming the first break if any row was altered, removed or inserted out of band. "
+        "Events written before chain format 2 do not cover external_id or evidence payloads "
+        "(their evidence is checked by verdict only), nor before format 3 the content. It "
+        "first seals what is committed and unsealed (the sealer's work; --no-seal: not), and "
+        "reports events still unsealed as the chain's unsealed tail."
     )
 
     def add_arguments(self, parser):
@@ -51,6 +53,16 @@ class Command(BaseCommand):
         result = chain.verify(actor=actor, expected_heads=expected, seal_first=not no_seal,
                               progress=self.stdout.write if verbosity > 1 else None)
         found = result.first_break
+        for row in result.differing:
+            self.stderr.write(
+                f"operation {row.ids['operation_id']} ({row.tenant}"
+                + (f", last event {row.ids['event_id']} at seq {row.seq}"
+                   if "event_id" in row.ids else "")
+                + f"): {row.message}; expected {row.expected}, found {row.found}")
+        differing = sum(head.get("operations_differing", 0) for head in result.record.heads)
+        if differing > len(result.differing):
+            self.stderr.write(f"... {differing - len(result.differing)} more operation rows "
+                              f"differ (at most {chain.MAX_DIFFERING} listed per tenant)")
         if found is not None:
             where = ", ".join(f"{key} {found.ids[key]}" for key in found.ids)
             raise CommandError(
