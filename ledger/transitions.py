@@ -44,9 +44,11 @@ before the external call, not when a caller's block ends), and `record` runs in 
 `single_statement()` of `record_intent`; `by_reconciler` and `by_sweep` run inside the
 caller's transaction, which also stores evidence or releases a lease. PostgreSQL checks
 every change again (`ledger.models.operations`: the transition trigger generated from
-`ledger.states`, the event each change must carry, and the event's own checks: a human-only
-move names its deciding user, an agent's change of a leased run's operation carries the
-lease's current token).
+`ledger.states`, the event each change must carry, written by the same statement, each
+column held to the moves that change it, and the event's own checks: a human-only move
+names its deciding user, an agent's change of a leased run's operation carries the lease's
+current token). The event's `content` (chain format 3) is computed there too, from the row
+the statement wrote.
 
 These statements run on every receipt, so they are bound on the server and prepared
 (`ledger.prepared`): PostgreSQL plans each shape once per connection.
