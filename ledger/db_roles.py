@@ -77,12 +77,15 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_chainhead": {DESK: "INSERT, UPDATE (seq, hash)"},
     # retention: policies are the desk's; the purge (a background worker) writes its runs
     "ledger_retentionpolicy": {DESK: "INSERT, UPDATE, DELETE"},
+    # execution state's policies likewise; their rows (facts, episodes, obligations) are
+    # deleted only by ledger_retention_purge_state, which no role's grant replaces
+    "ledger_stateretentionpolicy": {DESK: "INSERT, UPDATE, DELETE"},
     "ledger_purgerun": {
         RECONCILER: "INSERT, UPDATE (operations_purged, events_purged, evidence_purged, "
                     "operations_redacted, evidence_redacted, first_operation_id, "
-                    "last_operation_id, finished_at, policy_id)",
+                    "last_operation_id, finished_at, policy_id, state_policy_id, rows_purged)",
         # deleting a policy empties it in its runs
-        DESK: "UPDATE (policy_id)",
+        DESK: "UPDATE (policy_id, state_policy_id)",
     },
     # approvals: an agent asks; people decide (policies, the request's status)
     "ledger_approvalpolicy": {DESK: "INSERT, UPDATE"},
@@ -135,6 +138,7 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ledger_retention_purge(bigint, bigint[])": (RECONCILER,),
     "ledger_retention_redact(bigint, bigint[])": (RECONCILER,),
+    "ledger_retention_purge_state(bigint, bigint[])": (RECONCILER,),
     "ledger_seal_events(varchar, bigint[], varchar[], bigint, varchar)": (RECONCILER,),
     "ledger_person_may(bigint, text, text)": (DESK,),
 }

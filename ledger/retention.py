@@ -17,6 +17,9 @@ operation `redact_after_days` after completion; the fingerprint, ids, states and
 and each redaction is recorded in a `Redaction` row.
 
 Policy writes (`set_policy`, `delete_policy`) are audited in `RetentionChange`.
+
+Execution state (superseded facts, episodes, settled obligations) has policies of its own,
+applied by the same `purge`: `ledger.retention_state`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger import access, chain
+from ledger import access, chain, retention_state
 from ledger.errors import InvalidInput
 from ledger.inputs import (
     check_aware,
@@ -369,6 +372,10 @@ class PurgeResult:
     runs: list[PurgeRun] = field(default_factory=list)
     purged_operation_ids: list[str] = field(default_factory=list)
     redacted_operation_ids: list[str] = field(default_factory=list)
+    # The execution state's policies' runs (ledger.retention_state), and the ids of the
+    # facts, episodes and obligations they purged.
+    state_runs: list[PurgeRun] = field(default_factory=list)
+    purged_state_ids: list[int] = field(default_factory=list)
     # How long each batch's transaction took (pick, purge or redact, commit), in order: what
     # holds the batch's rows locked; the sealing between batches is not part of it.
     batch_seconds: list[float] = field(default_factory=list)
@@ -403,7 +410,8 @@ def purge(
     pause: timedelta = timedelta(0),
     batch_target: timedelta = BATCH_TARGET,
 ) -> PurgeResult:
-    """Purge, then redact, what every policy allows; one `PurgeRun` per policy.
+    """Purge, then redact, what every policy allows; one `PurgeRun` per policy. Then the
+    execution state's policies (`ledger.retention_state`), one `PurgeRun` each.
 
     Works in batches of at most `batch` operations, each its own short transaction
     (`atomic(durable=True)` per batch rather than one around the whole purge, so locks are
@@ -444,6 +452,8 @@ def purge(
         say(f"{policy}: {'would purge' if dry_run else 'purged'} {run.operations_purged} "
             f"operations ({run.events_purged} events, {run.evidence_purged} evidence), "
             f"{'would redact' if dry_run else 'redacted'} {run.operations_redacted}")
+    retention_state.purge(actor=actor, batch=batch, dry_run=dry_run, now=now, say=say,
+                          result=result, sizer=sizer, between=between)
     return result
 
 

@@ -3,7 +3,7 @@
 The migrations create them (each migration keeps the frozen list it added). A flush (the
 end of every transactional test, `manage.py flush`) empties those tables and is followed by
 `post_migrate`, so `ledger.apps` restores them here: the groups with their permissions and
-the default retention policy. Only ever adds what is missing; never removes a grant an
+the default retention policies. Only ever adds what is missing; never removes a grant an
 admin made.
 """
 
@@ -79,6 +79,28 @@ def ensure_default_policy() -> None:
         )
 
 
+# The execution state's policies for every tenant (migration 0036 keeps its own copy).
+DEFAULT_STATE_POLICIES = {"facts": 365, "episodes": 90, "obligations": 365}
+
+
+def ensure_default_state_policies() -> None:
+    """The execution state's policies for every tenant, if a flush removed them (audited)."""
+    from django.utils import timezone
+
+    from ledger.models import RetentionChange, StateRetentionPolicy
+
+    now = timezone.now()
+    for kind, days in DEFAULT_STATE_POLICIES.items():
+        policy, created = StateRetentionPolicy.objects.get_or_create(
+            kind=kind, tenant="", defaults={"purge_after_days": days, "created_at": now,
+                                            "updated_at": now})
+        if created:
+            RetentionChange.objects.create(
+                state_policy_id=policy.pk, action="created", changed_by_name="ledger bootstrap",
+                before=None, after={"kind": kind, "tenant": "", "purge_after_days": days},
+                changed_at=now)
+
+
 def restore_after_flush(sender, **kwargs) -> None:
     """post_migrate receiver: the permissions exist by now (auth's receiver runs first)."""
     from django.db import connections
@@ -90,3 +112,5 @@ def restore_after_flush(sender, **kwargs) -> None:
         return
     ensure_roles()
     ensure_default_policy()
+    if "ledger_stateretentionpolicy" in tables:
+        ensure_default_state_policies()

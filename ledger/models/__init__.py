@@ -41,6 +41,8 @@ from ledger.models.retention import (
     Redaction,
     RetentionChange,
     RetentionPolicy,
+    StateKind,
+    StateRetentionPolicy,
 )
 
 __all__ = [
@@ -78,6 +80,8 @@ __all__ = [
     "ResolutionProposal",
     "RetentionChange",
     "RetentionPolicy",
+    "StateKind",
+    "StateRetentionPolicy",
     "Run",
     "Step",
     "StepState",

@@ -1,9 +1,14 @@
 """Execution state: versioned facts and their conflicts, obligations, episodes.
 
 Facts are never updated in place: PostgreSQL refuses every UPDATE but the one that links a
-current version to the version replacing it, and every DELETE. Obligations change once
-(open -> committed or cancelled) and never again. Episodes and fact decisions are
-append-only. Writes go through `ledger.facts`, `ledger.obligations` and `ledger.episodes`.
+current version to the version replacing it. Obligations change once (open -> committed or
+cancelled) and never again. Episodes and fact decisions are append-only. Writes go through
+`ledger.facts`, `ledger.obligations` and `ledger.episodes`.
+
+Rows are deleted only by the retention purge (`ledger_retention_purge_state`, migration
+0036, inside which `ledger_sanctioned` holds), and only a superseded fact version, a settled
+obligation or an episode, none of a run that is unfinished (`ledger_run_unfinished`): the
+triggers below refuse any other DELETE, whoever asks.
 """
 
 import pgtrigger
@@ -12,7 +17,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from ledger.models.coordination import run_fence_sql
-from ledger.models.triggers import Protect, Trigger
+from ledger.models.triggers import SANCTIONED, Protect, Trigger
 
 
 class FactStatus(models.TextChoices):
@@ -32,14 +37,37 @@ class ObligationState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+# How a refused DELETE names the row's run: finished, or unfinished and why not.
+_RUN_STATE = ("CASE WHEN OLD.run_id IS NULL THEN 'none' "
+              "WHEN ledger_run_unfinished(OLD.run_id) THEN OLD.run_id || ', unfinished' "
+              "ELSE OLD.run_id || ', finished' END")
+
+# An episode is append-only: only the retention purge deletes one, of a finished run.
+_EPISODE_APPEND_ONLY = f"""
+    IF TG_OP = 'DELETE' AND {SANCTIONED} AND NOT ledger_run_unfinished(OLD.run_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+        MESSAGE = format('episode %s: expected episodes never to change and only the '
+                         'retention purge to delete one, of a finished run, found %s (run %s)',
+                         OLD.id, TG_OP, {_RUN_STATE});
+"""
+
 # The only UPDATE a fact accepts: current -> superseded, linking `superseded_by` once, to
 # the id of the version being inserted in the same transaction (so it cannot exist yet),
 # with every other column unchanged.
-_FACT_IMMUTABLE = """
+_FACT_IMMUTABLE = f"""
     IF TG_OP = 'DELETE' THEN
+        IF {SANCTIONED} AND OLD.status = 'superseded'
+           AND NOT ledger_run_unfinished(OLD.run_id) THEN
+            RETURN OLD;
+        END IF;
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
-            MESSAGE = format('fact %s (%s %s, version %s): expected facts never to be deleted, '
-                             'found a DELETE', OLD.id, OLD.subject, OLD.predicate, OLD.version);
+            MESSAGE = format('fact %s (%s %s, version %s): expected only the retention purge '
+                             'to delete a fact, and only a superseded version of a finished '
+                             'run, found a DELETE of a %s version (run %s)', OLD.id,
+                             OLD.subject, OLD.predicate, OLD.version, OLD.status,
+                             {_RUN_STATE});
     END IF;
     IF OLD.status = 'current' AND NEW.status = 'superseded'
        AND OLD.superseded_by_id IS NULL AND NEW.superseded_by_id IS NOT NULL
@@ -105,11 +133,16 @@ _CONFLICT_SETTLED = """
     RETURN NEW;
 """
 
-_OBLIGATION_ONCE = """
+_OBLIGATION_ONCE = f"""
     IF TG_OP = 'DELETE' THEN
+        IF {SANCTIONED} AND OLD.state <> 'open' AND NOT ledger_run_unfinished(OLD.run_id) THEN
+            RETURN OLD;
+        END IF;
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
-            MESSAGE = format('obligation %s: expected obligations never to be deleted, found '
-                             'a DELETE', OLD.key);
+            MESSAGE = format('obligation %s: expected only the retention purge to delete an '
+                             'obligation, and only a settled one of a finished run, found a '
+                             'DELETE of a %s obligation (run %s)', OLD.key, OLD.state,
+                             {_RUN_STATE});
     END IF;
     IF OLD.state <> 'open' THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
@@ -484,6 +517,14 @@ class Obligation(models.Model):
         return self.state == ObligationState.OPEN
 
 
+class RetainedAppendOnly(Protect):
+    """An append-only table's Protect whose rows the retention purge may delete (episodes:
+    `_EPISODE_APPEND_ONLY`)."""
+
+    def get_func(self, model):
+        return _EPISODE_APPEND_ONLY
+
+
 class Episode(models.Model):
     """What was said during a run (a message, a tool call, a transcript chunk), or where it
     is stored. Low authority: a record of talk, never of what happened. Append-only."""
@@ -499,7 +540,7 @@ class Episode(models.Model):
         indexes = [models.Index(fields=["run", "created_at", "id"], name="episode_run_idx")]
         ordering = ["created_at", "id"]
         triggers = [
-            Protect(
+            RetainedAppendOnly(
                 name="episode_append_only", operation=pgtrigger.Update | pgtrigger.Delete
             ),
         ]

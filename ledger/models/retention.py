@@ -1,5 +1,6 @@
 """Retention policies, their audit trail, purge runs and redactions (the chains they keep
-intact: `ledger.models.chain`)."""
+intact: `ledger.models.chain`); and the policies of execution state (superseded facts,
+episodes, settled obligations), audited and purged the same way."""
 
 import pgtrigger
 from django.conf import settings
@@ -76,6 +77,64 @@ class RetentionPolicy(models.Model):
         }
 
 
+class StateKind(models.TextChoices):
+    """What a `StateRetentionPolicy` governs, and when a row of it may go."""
+
+    FACTS = "facts", "Superseded fact versions"
+    EPISODES = "episodes", "Episodes"
+    OBLIGATIONS = "obligations", "Settled obligations"
+
+
+class StateRetentionPolicy(models.Model):
+    """How long the ledger keeps one kind of execution state of a tenant (or every tenant).
+
+    Superseded fact versions go `purge_after_days` after they were superseded, episodes that
+    long after they were recorded, committed or cancelled obligations that long after they
+    were settled; never a current fact, a candidate, an open obligation, or anything of an
+    unfinished run (PostgreSQL refuses those deletes whoever asks: `ledger.retention`).
+    One policy naming the tenant beats the one for every tenant. Change rows only through
+    `ledger.retention.set_state_policy` / `delete_state_policy`, which audit every change.
+    """
+
+    kind = models.CharField(max_length=20, choices=StateKind.choices)
+    tenant = models.CharField(max_length=100, blank=True, help_text="Empty: every tenant.")
+    purge_after_days = models.PositiveIntegerField(
+        help_text="Delete rows of this kind this many days after they were superseded "
+        "(facts), recorded (episodes) or settled (obligations)."
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "tenant"],
+                                    name="state_retention_policy_unique"),
+            models.CheckConstraint(condition=models.Q(kind__in=StateKind.values),
+                                   name="state_retention_kind_known"),
+        ]
+        ordering = ["kind", "tenant"]
+        verbose_name_plural = "state retention policies"
+
+    def __str__(self):
+        return f"{self.kind} ({self.tenant or 'every tenant'})"
+
+    @property
+    def is_default(self) -> bool:
+        return not self.tenant
+
+    def as_audit_dict(self) -> dict:
+        return {"kind": self.kind, "tenant": self.tenant,
+                "purge_after_days": self.purge_after_days}
+
+
 class RetentionChange(ChangeRecord):
     """Who changed a retention policy, what it was before and after. Append-only."""
 
@@ -88,6 +147,11 @@ class RetentionChange(ChangeRecord):
     # deleted policy (and of a deleted user) rather than being updated to NULL.
     policy = models.ForeignKey(
         RetentionPolicy, null=True, blank=True, on_delete=models.DO_NOTHING,
+        related_name="changes", db_constraint=False,
+    )
+    # The execution-state policy changed, when it is one of those (`policy` is then empty).
+    state_policy = models.ForeignKey(
+        StateRetentionPolicy, null=True, blank=True, on_delete=models.DO_NOTHING,
         related_name="changes", db_constraint=False,
     )
     action = models.CharField(max_length=20, choices=Action.choices)
@@ -114,12 +178,19 @@ class RetentionChange(ChangeRecord):
 class PurgeRun(models.Model):
     """One pass of `manage.py purge` over one policy: what it removed and redacted.
 
+    A pass over an execution-state policy has `state_policy` (and no `policy`) and counts
+    the rows of its kind in `rows_purged`.
+
     Counts are updated in the same transaction as each batch, so an interrupted run still
     says exactly what it did; `finished_at` stays empty when it was interrupted.
     """
 
     policy = models.ForeignKey(
         RetentionPolicy, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    state_policy = models.ForeignKey(
+        StateRetentionPolicy, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="runs",
     )
     policy_snapshot = models.JSONField()
     dry_run = models.BooleanField(default=False)
@@ -130,6 +201,8 @@ class PurgeRun(models.Model):
     evidence_purged = models.PositiveIntegerField(default=0)
     operations_redacted = models.PositiveIntegerField(default=0)
     evidence_redacted = models.PositiveIntegerField(default=0)
+    # Facts, episodes or obligations removed by a pass over a state policy.
+    rows_purged = models.PositiveIntegerField(default=0, db_default=0)
     first_operation_id = models.CharField(max_length=40, blank=True)
     last_operation_id = models.CharField(max_length=40, blank=True)
     started_at = models.DateTimeField()
@@ -140,7 +213,7 @@ class PurgeRun(models.Model):
 
     def __str__(self):
         kind = "dry run" if self.dry_run else "purge"
-        pattern = self.policy_snapshot.get("pattern")
+        pattern = self.policy_snapshot.get("pattern") or self.policy_snapshot.get("kind")
         return f"{kind} of {pattern} at {self.started_at:%Y-%m-%d %H:%M}"
 
 

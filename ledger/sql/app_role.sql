@@ -24,7 +24,9 @@
 -- * on the framework's tables (auth, sessions, admin log, axes), ordinary writes; on
 --   django_migrations, none;
 -- * EXECUTE on the two retention functions of migration 0014, the only way anyone but the
---   owner removes events and evidence or redacts a settled receipt; they audit themselves;
+--   owner removes events and evidence or redacts a settled receipt, and on the state purge
+--   of migration 0035 (superseded facts, episodes, settled obligations); they audit
+--   themselves;
 --   and on the sealer's `ledger_seal_events` (migration 0025), the only way an event's
 --   chain position and hash are set (once, on an unsealed event);
 -- * never TRUNCATE, REFERENCES or TRIGGER, never CREATE on the schema, never ownership; the
@@ -72,10 +74,11 @@ DECLARE
         'ledger_chainhead', 'INSERT, UPDATE (seq, hash)',
         -- retention: policies are the desk's; a run's counts are written by the purge
         'ledger_retentionpolicy', 'INSERT, UPDATE, DELETE',
+        'ledger_stateretentionpolicy', 'INSERT, UPDATE, DELETE',
         -- (policy_id: deleting a policy empties it in its runs)
         'ledger_purgerun', 'INSERT, UPDATE (operations_purged, events_purged, '
             'evidence_purged, operations_redacted, evidence_redacted, first_operation_id, '
-            'last_operation_id, finished_at, policy_id)',
+            'last_operation_id, finished_at, policy_id, state_policy_id, rows_purged)',
         -- approvals: policies are the desk's; a request's status follows the decisions
         'ledger_approvalpolicy', 'INSERT, UPDATE',
         'ledger_approvalrequest', 'INSERT, UPDATE (tenant, note, requested_by, '
@@ -151,6 +154,8 @@ BEGIN
                    app_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_retention_redact(bigint, bigint[]) TO %I',
                    app_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_retention_purge_state(bigint, bigint[]) '
+                   'TO %I', app_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_seal_events(varchar, bigint[], varchar[], '
                    'bigint, varchar) TO %I', app_role);
 END

@@ -25,6 +25,7 @@ from ledger import (
     agent_keys,
     chain,
     db_roles,
+    episodes,
     facts,
     obligations,
     receipts,
@@ -35,6 +36,7 @@ from ledger import (
 from ledger.management.commands.app_role import create_app_role
 from ledger.models import (
     ChainAnchor,
+    Episode,
     Evidence,
     Fact,
     FactConflict,
@@ -391,6 +393,7 @@ def test_the_legacy_app_role_holds_no_write_beyond_what_the_api_needs(db):
     # Table-wide UPDATE or DELETE only where the desk edits and removes rows.
     assert table_wide_writes(LEGACY) == {
         ("ledger_retentionpolicy", "UPDATE"), ("ledger_retentionpolicy", "DELETE"),
+        ("ledger_stateretentionpolicy", "UPDATE"), ("ledger_stateretentionpolicy", "DELETE"),
         ("ledger_approvalpolicy", "UPDATE"), ("ledger_tenantaccess", "DELETE"),
         ("ledger_claim", "DELETE"), ("ledger_savedview", "DELETE")}
 
@@ -399,6 +402,7 @@ def test_only_the_desk_holds_a_table_wide_write(world):
     assert table_wide_writes(ROLE) == table_wide_writes(RECONCILER) == set()
     assert table_wide_writes(DESK) == {
         ("ledger_retentionpolicy", "UPDATE"), ("ledger_retentionpolicy", "DELETE"),
+        ("ledger_stateretentionpolicy", "UPDATE"), ("ledger_stateretentionpolicy", "DELETE"),
         ("ledger_approvalpolicy", "UPDATE"), ("ledger_tenantaccess", "DELETE"),
         ("ledger_claim", "DELETE"), ("ledger_savedview", "DELETE")}
 
@@ -463,6 +467,12 @@ def test_purge_and_redaction_work_as_the_reconciler_and_are_recorded(db):
         complete_days_ago(op, 40)
     complete_days_ago(redacted, 20)
     events = OperationEvent.objects.filter(operation__in=doomed).count()
+    # and an episode of a finished run, past the default 90 days (the state purge)
+    said = episodes.record(runs.start("done", run_id="done"), "user", content="ship it")
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("UPDATE ledger_episode SET created_at = now() - interval '100 days'")
+        cursor.execute("RESET session_replication_role")
 
     with as_app(RECONCILER) as cursor:
         cursor.execute("SELECT current_user")
@@ -472,7 +482,8 @@ def test_purge_and_redaction_work_as_the_reconciler_and_are_recorded(db):
 
     assert sorted(result.purged_operation_ids) == sorted(op.operation_id for op in doomed)
     assert result.redacted_operation_ids == [redacted.operation_id]
-    run = PurgeRun.objects.get(dry_run=False)
+    assert result.purged_state_ids == [said.pk] and not Episode.objects.exists()
+    run = PurgeRun.objects.get(dry_run=False, state_policy=None)
     assert (run.operations_purged, run.events_purged, run.evidence_purged) == (3, events, 1)
     assert (run.operations_redacted, run.evidence_redacted) == (1, 1)
     assert (run.first_operation_id, run.last_operation_id) == (

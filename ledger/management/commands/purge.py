@@ -18,7 +18,8 @@ MAX_MS = int(retention.MAX_PAUSE.total_seconds() * 1000)
 class Command(BaseCommand):
     help = (
         "Delete terminal operations (with their events and evidence) older than their "
-        "retention policy allows, then redact the intents of those past redact_after_days. "
+        "retention policy allows, then redact the intents of those past redact_after_days; "
+        "then superseded facts, episodes and settled obligations past their policies' days. "
         "Small batches, one short transaction each; safe to interrupt and rerun."
     )
 
@@ -71,3 +72,6 @@ class Command(BaseCommand):
                f"{max(result.batch_sizes)}, the longest {max(result.batch_seconds) * 1000:.0f} ms"
                if result.batch_seconds else "")
         )
+        rows = sum(r.rows_purged for r in result.state_runs)
+        self.stdout.write(f"{verb} {rows} superseded facts, episodes and settled obligations, "
+                          f"in {len(result.state_runs)} state policies")
