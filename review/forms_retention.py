@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django import forms
 
-from ledger.models import RetentionPolicy
+from ledger.models import RetentionPolicy, StateKind, StateRetentionPolicy
 
 
 def _days(label: str, *, required: bool, placeholder: str = "") -> forms.IntegerField:
@@ -64,4 +64,38 @@ class NewPolicyForm(PolicyDaysForm):
 
     def policy_values(self) -> dict:
         return {"pattern": self.cleaned_data["pattern"],
+                "tenant": self.cleaned_data.get("tenant") or "", **super().policy_values()}
+
+
+class StatePolicyDaysForm(forms.Form):
+    """The days of one execution-state policy (its kind and tenant are its own)."""
+
+    purge_after_days = _days("Purge after (days)", required=True)
+
+    @classmethod
+    def for_policy(cls, policy: StateRetentionPolicy, data=None) -> StatePolicyDaysForm:
+        return cls(data, prefix=f"state-{policy.pk}",
+                   initial={"purge_after_days": policy.purge_after_days})
+
+    def policy_values(self) -> dict:
+        return {"purge_after_days": self.cleaned_data["purge_after_days"]}
+
+
+class NewStatePolicyForm(StatePolicyDaysForm):
+    """A tenant's policy for one kind of execution state; an existing (kind, tenant) is
+    updated, as `retention_state.set_state_policy` does."""
+
+    kind = forms.ChoiceField(label="Kind", choices=StateKind.choices)
+    tenant = forms.CharField(
+        label="Tenant", required=False, max_length=1000,
+        widget=forms.TextInput(attrs={"placeholder": "every tenant"}),
+    )
+
+    field_order = ["kind", "tenant", "purge_after_days"]
+
+    def __init__(self, data=None, **kwargs):
+        super().__init__(data, prefix="new-state", **kwargs)
+
+    def policy_values(self) -> dict:
+        return {"kind": self.cleaned_data["kind"],
                 "tenant": self.cleaned_data.get("tenant") or "", **super().policy_values()}

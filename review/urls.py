@@ -33,6 +33,12 @@ urlpatterns += [
     path("retention/policies/<int:pk>/", views_retention.edit_policy, name="retention_edit"),
     path("retention/policies/<int:pk>/delete/", views_retention.delete_policy,
          name="retention_delete"),
+    path("retention/state-policies/", views_retention.add_state_policy,
+         name="retention_state_add"),
+    path("retention/state-policies/<int:pk>/", views_retention.edit_state_policy,
+         name="retention_state_edit"),
+    path("retention/state-policies/<int:pk>/delete/", views_retention.delete_state_policy,
+         name="retention_state_delete"),
 ]
 
 # Execution state: fact conflicts, overdue obligations, runs (review/views_execution.py).

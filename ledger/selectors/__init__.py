@@ -85,7 +85,7 @@ from ledger.selectors.operations import (
     with_review_flags,
 )
 from ledger.selectors.pagination import MAX_PAGE_SIZE, Page, make_cursor, parse_cursor
-from ledger.selectors.retention import access_policy, retention_overview
+from ledger.selectors.retention import access_policy, access_state_policy, retention_overview
 from ledger.selectors.runs import (
     EXECUTION_COUNT_CAP,
     ExecutionCounts,
@@ -106,6 +106,7 @@ __all__ = [
     "QUEUE_STATES", "AuditFilters", "ConflictDetail", "ExecutionCounts", "HeadStatus",
     "OperationDetail", "Page", "QueueFilters", "QueuePage", "RunDetail", "RunRecords",
     "VisibleAuditStatus", "access_conflict", "access_operation", "access_policy",
+    "access_state_policy",
     "access_run", "audit_events", "audit_page", "audit_status", "audit_status_for",
     "can_acknowledge", "capped_count", "conflict_detail", "conflict_page", "conflicts_for",
     "duplicates_of",

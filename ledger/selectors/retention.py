@@ -11,9 +11,9 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from ledger import access, retention
+from ledger import access, retention, retention_state
 from ledger.errors import NotFound
-from ledger.models import PurgeRun, RetentionChange, RetentionPolicy
+from ledger.models import PurgeRun, RetentionChange, RetentionPolicy, StateRetentionPolicy
 from ledger.retention import PolicyPreview
 
 
@@ -58,15 +58,20 @@ def table_sizes() -> list[TableSize]:
 
 
 def retention_overview(user, *, now: datetime | None = None) -> dict[str, Any]:
-    """What the desk's retention page shows: per-policy preview, the ledger's size, the
-    recent purge runs and policy changes. A fixed number of queries whatever the number of
-    policies. Needs `ledger.view_retentionpolicy` (PermissionDenied otherwise).
+    """What the desk's retention page shows: per-policy preview (operations', then execution
+    state's), the ledger's size, the recent purge runs of each and the policy changes. A fixed
+    number of queries whatever the number of policies. Needs `ledger.view_retentionpolicy`
+    (PermissionDenied otherwise).
     """
     access.require_perm(user, "ledger.view_retentionpolicy", doing="see retention")
+    runs = PurgeRun.objects.order_by("-started_at", "-id")
     return {
         "previews": preview(now=now),
+        "state_previews": retention_state.preview(now),
         "tables": table_sizes(),
-        "last_runs": list(PurgeRun.objects.order_by("-started_at", "-id")[:10]),
+        "last_runs": list(runs.filter(state_policy__isnull=True)
+                          .exclude(policy_snapshot__has_key="kind")[:10]),
+        "last_state_runs": list(runs.filter(policy_snapshot__has_key="kind")[:10]),
         "changes": list(RetentionChange.objects.order_by("-changed_at", "-id")[:20]),
     }
 
@@ -79,4 +84,13 @@ def access_policy(user, pk: int) -> RetentionPolicy:
     policy = RetentionPolicy.objects.filter(pk=pk).first()
     if policy is None:
         raise NotFound(f"expected retention policy #{pk}, found none")
+    return policy
+
+
+def access_state_policy(user, pk: int) -> StateRetentionPolicy:
+    """The execution-state retention policy `pk`, as `access_policy` for operations'."""
+    access.require_perm(user, "ledger.view_retentionpolicy", doing="see retention")
+    policy = StateRetentionPolicy.objects.filter(pk=pk).first()
+    if policy is None:
+        raise NotFound(f"expected state retention policy #{pk}, found none")
     return policy

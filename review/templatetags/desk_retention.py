@@ -13,6 +13,8 @@ def policy_days(values: dict | None) -> str:
     """
     if not values:
         return "—"
+    if "kind" in values:  # an execution-state policy (StateRetentionPolicy.as_audit_dict())
+        return f"purge after {values.get('purge_after_days')} d"
     redact = values.get("redact_after_days")
     return (f"purge after {values.get('purge_after_days')} d, "
             f"redact {f'after {redact} d' if redact else 'never'}, "
@@ -21,7 +23,9 @@ def policy_days(values: dict | None) -> str:
 
 @register.filter
 def policy_scope(values: dict | None) -> str:
-    """Pattern and tenant of a policy snapshot: "articles.* (every tenant)"."""
+    """Pattern (or an execution-state policy's kind) and tenant of a policy snapshot:
+    "articles.* (every tenant)", "episodes (acme)"."""
     if not values:
         return "—"
-    return f"{values.get('pattern')} ({values.get('tenant') or 'every tenant'})"
+    scope = values.get("pattern") or values.get("kind")
+    return f"{scope} ({values.get('tenant') or 'every tenant'})"

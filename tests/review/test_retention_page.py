@@ -120,8 +120,9 @@ def test_retention_page_runs_a_fixed_number_of_queries(admin_client, admin_user,
         complete_days_ago(OperationFactory(state=State.SUCCEEDED), 400)
     retention.purge(actor="cron", dry_run=True)
     # session, user, user perms, group perms, policies, the preview of every policy (one
-    # statement), table sizes (one statement), purge runs, policy changes
-    with django_assert_num_queries(9):
+    # statement), state policies and their preview (one statement), table sizes (one
+    # statement), purge runs, state purge runs, policy changes
+    with django_assert_num_queries(12):
         response = admin_client.get(PAGE)
     assert len(response.context["rows"]) == 1 + extra_policies
     assert response.context["rows"][-1][0].operations == 3
@@ -134,7 +135,8 @@ def test_the_page_shows_table_sizes_and_recent_purge_runs(admin_client):
     response = admin_client.get(PAGE)
     body = response.content.decode()
     sizes = {t.table: t for t in response.context["tables"]}
-    assert sizes["ledger_operation"].rows == 0 and sizes["ledger_purgerun"].rows == 1
+    # one run of the operations' policy, one of each execution-state policy
+    assert sizes["ledger_operation"].rows == 0 and sizes["ledger_purgerun"].rows == 4
     assert "ledger_operationevent" in body and " KB</td>" in body.replace("\xa0", " ")
     [run] = response.context["last_runs"]
     assert run.operations_purged == 1 and "nightly-cron" in body
@@ -320,7 +322,7 @@ def test_preview_counts_on_the_page_match_what_a_purge_then_does(admin_client, a
         assert (run.operations_purged, run.events_purged, run.evidence_purged,
                 run.operations_redacted) == (previewed.operations, previewed.events,
                                              previewed.evidence, previewed.redactions), key
-    assert PurgeRun.objects.filter(dry_run=False).count() == 3
+    assert PurgeRun.objects.filter(dry_run=False, state_policy=None).count() == 3
     # After the purge the page previews nothing more to do, and lists the runs.
     after = admin_client.get(PAGE).context
     assert all((p.operations, p.redactions) == (0, 0) for p, _ in after["rows"])
@@ -347,3 +349,48 @@ def test_the_page_preview_matches_a_purge_whose_batches_really_commit(client):
                                          previewed.evidence, previewed.redactions)
     [(after, _)] = client.get(PAGE).context["rows"]
     assert (after.operations, after.redactions) == (0, 0)
+
+
+# --- execution state's policies ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_admins_set_execution_state_policies_on_the_page_and_others_cannot(client, admin_user):
+    from ledger.models import StateRetentionPolicy
+
+    episodes_policy = StateRetentionPolicy.objects.get(kind="episodes", tenant="")
+    edit = reverse("review:retention_state_edit", args=[episodes_policy.pk])
+    add = reverse("review:retention_state_add")
+    new = {"new-state-kind": "facts", "new-state-tenant": "acme",
+           "new-state-purge_after_days": "30"}
+    state = lambda: sorted(StateRetentionPolicy.objects.values_list(  # noqa: E731
+        "kind", "tenant", "purge_after_days"))
+    before = (state(), RetentionChange.objects.count())
+    client.force_login(UserFactory(username="reviewer", role="reviewer"))
+    assert client.post(add, new).status_code == 403
+    assert client.post(edit, {f"state-{episodes_policy.pk}-purge_after_days": "7"}
+                       ).status_code == 403
+    assert (state(), RetentionChange.objects.count()) == before
+
+    client.force_login(admin_user)
+    page = client.get(PAGE)
+    assert [(p.kind, n) for p, n, _ in page.context["state_rows"]] == [
+        ("episodes", 0), ("facts", 0), ("obligations", 0)]
+    assert "Settled obligations" in page.content.decode()
+    bad = client.post(edit, {f"state-{episodes_policy.pk}-purge_after_days": "0"})
+    assert bad.status_code == 422 and "Nothing written" in bad.content.decode()
+    assert client.post(edit, {f"state-{episodes_policy.pk}-purge_after_days": "7"}
+                       ).status_code == 302
+    assert client.post(add, new).status_code == 302
+    acme = StateRetentionPolicy.objects.get(kind="facts", tenant="acme")
+    assert state() == [("episodes", "", 7), ("facts", "", 365), ("facts", "acme", 30),
+                       ("obligations", "", 365)]
+    body = client.get(PAGE).content.decode()
+    assert "facts (acme)" in body and "purge after 30 d" in body
+    assert client.post(reverse("review:retention_state_delete", args=[episodes_policy.pk])
+                       ).status_code == 302  # refused: the message says why
+    assert StateRetentionPolicy.objects.filter(pk=episodes_policy.pk).exists()
+    assert client.post(reverse("review:retention_state_delete", args=[acme.pk])
+                       ).status_code == 302
+    assert [c.action for c in RetentionChange.objects.filter(
+        state_policy_id__isnull=False).order_by("id")][-3:] == ["updated", "created", "deleted"]
