@@ -15,7 +15,7 @@ obligation are never purged. PostgreSQL holds all of that twice: the SECURITY DE
 function `ledger_retention_purge_state` checks each row again by the database's clock, and
 the tables' triggers refuse any other DELETE, whoever asks.
 
-What the pick (`_rule`) keeps beyond that, so that nothing still referred to goes: a fact
+What the purge (`Kind.kept`) keeps beyond that, so that nothing still referred to goes: a fact
 version a conflict or a person's decision names, one a candidate contradicted, one an
 operation that is still kept relied on (`record_intent(relies_on=)`: the desk shows it),
 and every later version of a key whose older version is kept (versions go oldest first).
@@ -23,6 +23,7 @@ and every later version of a key whose older version is kept (versions go oldest
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -108,50 +109,55 @@ def policies() -> list[StateRetentionPolicy]:
 
 # --- which rows a policy may purge (SQL) -------------------------------------------------
 
-_RUN_FINISHED = "NOT ledger_run_unfinished({x}.run_id)"
-
 # A fact version something still names: a conflict or a person's decision (the audit trail
 # of facts, never purged), a candidate that contradicted it, or an operation still kept
-# that relied on it. Over `{x}`, an alias of ledger_fact.
+# that relied on it (operation_relies_on_idx, migration 0036, holds only the operations
+# that rely on a fact). Over `{x}`, an alias of ledger_fact.
 _FACT_NAMED = (
     "EXISTS (SELECT 1 FROM ledger_factconflict c WHERE {x}.id IN "
     "(c.current_id, c.candidate_id, c.chosen_id, c.resolved_fact_id)) "
     "OR EXISTS (SELECT 1 FROM ledger_factdecision d WHERE {x}.id IN (d.chosen_id, d.written_id)) "
     "OR EXISTS (SELECT 1 FROM ledger_fact k WHERE k.contradicts_id = {x}.id) "
-    "OR {x}.id IN (SELECT (jsonb_array_elements_text(o.relies_on))::bigint "
-    "FROM ledger_operation o WHERE o.relies_on <> '[]'::jsonb)"
+    "OR EXISTS (SELECT 1 FROM ledger_operation o WHERE o.relies_on <> '[]'::jsonb "
+    "AND o.relies_on @> jsonb_build_array({x}.id))"
 )
 
 
 @dataclass(frozen=True)
 class Kind:
-    """How the pick reads one kind: its table under alias `x`, the time its days count
-    from (`since`), what must hold of a row beyond its age, run and policy."""
+    """How the purge reads one kind: its table under alias `x`, the time its days count from
+    (`since`), what a row must be (`settled`, cheap: the pick's filter), and what keeps a
+    settled row all the same (`kept`, checked on the picked rows only)."""
 
     table: str
     since: str
     joins: str
     settled: str
+    kept: str
 
+
+_RUN_UNFINISHED = "ledger_run_unfinished(x.run_id)"
 
 KINDS: dict[str, Kind] = {
     StateKind.FACTS: Kind(
         "ledger_fact", "s.created_at", "JOIN ledger_fact s ON s.id = x.superseded_by_id",
-        # ... and no older version of its key kept (they go oldest first: a version's
+        "x.status = 'superseded'",
+        # ... or an older version of its key kept: versions go oldest first (a version's
         # successor links to it until it goes)
-        "x.status = 'superseded' AND NOT (" + _FACT_NAMED.format(x="x") + ") "
-        "AND NOT EXISTS (SELECT 1 FROM ledger_fact p WHERE p.tenant = x.tenant "
+        f"{_RUN_UNFINISHED} OR {_FACT_NAMED.format(x='x')} "
+        "OR EXISTS (SELECT 1 FROM ledger_fact p WHERE p.tenant = x.tenant "
         "AND p.subject = x.subject AND p.predicate = x.predicate AND p.version < x.version "
-        "AND (ledger_run_unfinished(p.run_id) OR " + _FACT_NAMED.format(x="p") + "))"),
-    StateKind.EPISODES: Kind("ledger_episode", "x.created_at", "", "TRUE"),
+        f"AND (ledger_run_unfinished(p.run_id) OR {_FACT_NAMED.format(x='p')}))"),
+    StateKind.EPISODES: Kind("ledger_episode", "x.created_at", "", "TRUE", _RUN_UNFINISHED),
     StateKind.OBLIGATIONS: Kind(
         "ledger_obligation", "coalesce(x.committed_at, x.cancelled_at)", "",
-        "x.state <> 'open'"),
+        "x.state <> 'open'", _RUN_UNFINISHED),
 }
 
 
-def _rule(policy: StateRetentionPolicy, now: datetime) -> tuple[str, list]:
-    """FROM ... WHERE over alias `x` of the policy's table: what it may purge at `now`."""
+def _settled(policy: StateRetentionPolicy, now: datetime) -> tuple[str, list]:
+    """FROM ... WHERE over alias `x` of the policy's table: the rows it governs that are
+    settled and old enough at `now` (what `Kind.kept` may still keep)."""
     kind = KINDS[policy.kind]
     if policy.tenant:
         governs, params = "x.tenant = %s", [policy.tenant]
@@ -160,9 +166,8 @@ def _rule(policy: StateRetentionPolicy, now: datetime) -> tuple[str, list]:
                    "WHERE t.kind = %s AND t.tenant = x.tenant)")
         params = [policy.kind]
     cutoff = now - timedelta(days=policy.purge_after_days)
-    sql = (f"FROM {kind.table} x {kind.joins} WHERE {kind.since} < %s AND {governs} "
-           f"AND {kind.settled} AND {_RUN_FINISHED.format(x='x')}")
-    return sql, [cutoff, *params]
+    return (f"FROM {kind.table} x {kind.joins} WHERE {kind.since} < %s AND {governs} "
+            f"AND {kind.settled}", [cutoff, *params])
 
 
 def preview(now: datetime | None = None) -> list[tuple[StateRetentionPolicy, int]]:
@@ -174,8 +179,8 @@ def preview(now: datetime | None = None) -> list[tuple[StateRetentionPolicy, int
         return []
     parts, params = [], []
     for policy in ordered:
-        sql, part_params = _rule(policy, now)
-        parts.append(f"(SELECT count(*) {sql})")
+        sql, part_params = _settled(policy, now)
+        parts.append(f"(SELECT count(*) {sql} AND NOT ({KINDS[policy.kind].kept}))")
         params += part_params
     with connection.cursor() as cursor:
         cursor.execute("SELECT " + ", ".join(parts), params)
@@ -201,45 +206,59 @@ def purge(*, actor: str, batch: int, dry_run: bool, now: datetime, say, result, 
             run.rows_purged = counts.get(policy.pk, 0)
             run.save(update_fields=["rows_purged"])
         else:
-            _in_batches()(
-                lambda after, size, run=run, policy=policy: _batch(run, policy, now, size,
-                                                                   after),
-                before_each=lambda: None, done=result.purged_state_ids, sizer=sizer,
-                result=result, between=between,
-                report=lambda run=run, policy=policy: say(
-                    f"{policy}: purged {run.rows_purged} so far"))
+            _purge_policy(run, policy, now, say=say, result=result, sizer=sizer,
+                          between=between)
         run.finished_at = timezone.now()
         run.save(update_fields=["finished_at"])
         say(f"{policy}: {'would purge' if dry_run else 'purged'} {run.rows_purged} "
             f"{StateKind(policy.kind).label.lower()}")
 
 
-def _in_batches():
-    from ledger.retention import _in_batches  # ledger.retention imports this module
+def _purge_policy(run, policy, now, *, say, result, sizer, between) -> None:
+    """Batches in id order (a fact's older versions before it) until none is left; each
+    batch's duration and size go to `result` and set the next size (`sizer`), as the
+    operations' batches do."""
+    after = 0
+    while True:
+        size = sizer.size
+        started = time.perf_counter()
+        last, ids = _batch(run, policy, now, size, after)
+        if last is None:
+            return
+        seconds = time.perf_counter() - started
+        sizer.took(seconds)
+        result.batch_seconds.append(seconds)
+        result.batch_sizes.append(size)
+        result.purged_state_ids.extend(ids)
+        after = last
+        say(f"{policy}: purged {run.rows_purged} so far")
+        between()
 
-    return _in_batches
 
+def _batch(run: PurgeRun, policy: StateRetentionPolicy, now, size: int, after: int):
+    """The next `size` settled rows after id `after`, those of them nothing keeps handed to
+    `ledger_retention_purge_state`, which checks each again and deletes it. Returns the last
+    id looked at (None when none was left) and the ids deleted.
 
-def _batch(run: PurgeRun, policy: StateRetentionPolicy, now, size: int, after):
-    """Pick one batch by the rule, oldest first (a fact's older versions before it), and
-    hand it to `ledger_retention_purge_state`, which checks each row again and deletes it.
     Not locked here (the purge's role holds no UPDATE on these tables, which FOR UPDATE
-    needs, and a settled row never changes): a row another purge deleted meanwhile is
-    simply not counted twice. Returns the ids it deleted and where the next batch starts."""
-    sql, params = _rule(policy, now)
-    since = KINDS[policy.kind].since
-    if after is not None:
-        sql += f" AND ({since}, x.id) > (%s, %s)"
-        params = [*params, *after]
+    needs, and a settled row never changes): a row another purge deleted meanwhile is not
+    counted twice. Picked by id (the primary key's order) with the cheap conditions first
+    and what keeps a row checked on the batch alone, so a batch reads about its size of
+    rows however many are kept."""
+    sql, params = _settled(policy, now)
+    kind = KINDS[policy.kind]
     with transaction.atomic(durable=True), connection.cursor() as cursor:
-        cursor.execute(f"SELECT x.id, {since} {sql} ORDER BY {since}, x.id LIMIT %s",
-                       [*params, size])
+        cursor.execute(
+            f"WITH picked AS (SELECT x.id {sql} AND x.id > %s ORDER BY x.id LIMIT %s) "
+            f"SELECT x.id, NOT ({kind.kept}) FROM picked JOIN {kind.table} x ON x.id = picked.id "
+            "ORDER BY x.id", [*params, after, size])
         picked = cursor.fetchall()
         if not picked:
-            return [], after
-        cursor.execute("SELECT ledger_retention_purge_state(%s, %s)",
-                       [run.pk, [pk for pk, _ in picked]])
-        ids = [pk for (pk,) in cursor.fetchall()]
+            return None, []
+        free = [pk for pk, purgeable in picked if purgeable]
+        ids = []
+        if free:
+            cursor.execute("SELECT ledger_retention_purge_state(%s, %s)", [run.pk, free])
+            ids = [pk for (pk,) in cursor.fetchall()]
     run.refresh_from_db()
-    last_pk, last_since = picked[-1]
-    return ids, (last_since, last_pk)
+    return picked[-1][0], ids

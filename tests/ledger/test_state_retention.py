@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from ledger import episodes, facts, obligations, retention, retention_state, runs
+from ledger import episodes, facts, obligations, receipts, retention, retention_state, runs
 from ledger.errors import InvalidInput
 from ledger.models import (
     Episode,
@@ -84,27 +84,35 @@ def test_purge_removes_old_state_of_finished_runs_and_keeps_the_rest(capsys):
     contested.append(facts.assert_fact("invoice:9", "status", "paid", source="billing",
                                        expected_version=2))
     age("ledger_fact", "created_at", [f.pk for f in contested], 400)
+    # an operation still kept relied on version 2: version 1 goes, 2 stays
+    relied = [facts.assert_fact("invoice:7", "status", "draft", source="billing")]
+    relied.append(facts.assert_fact("invoice:7", "status", "sent", source="billing",
+                                    expected_version=1))
+    receipts.record_intent("mail.send", "smtp://m", {"n": 1}, relies_on=[relied[1]])
+    relied.append(facts.assert_fact("invoice:7", "status", "paid", source="billing",
+                                    expected_version=2))
+    age("ledger_fact", "created_at", [f.pk for f in relied], 400)
     before = remaining()
 
     call_command("purge", "--dry-run", actor="cron")
     assert remaining() == before
     would = {r.policy_snapshot["kind"]: r.rows_purged
              for r in PurgeRun.objects.filter(state_policy__isnull=False)}
-    assert would == {"facts": 2, "episodes": 1, "obligations": 1}
+    assert would == {"facts": 3, "episodes": 1, "obligations": 1}
     assert {p.kind: n for p, n in retention_state.preview()} == would
 
     call_command("purge", actor="cron")
-    gone = {done["facts"][0].pk, done["facts"][1].pk, ("e", done["episode"].pk),
+    gone = {done["facts"][0].pk, done["facts"][1].pk, relied[0].pk, ("e", done["episode"].pk),
             ("o", done["obligation"].pk)}
     assert remaining() == before - gone
     assert Fact.objects.get(pk=done["facts"][2].pk).status == "current"
     out = capsys.readouterr().out
-    assert "purged 4 superseded facts, episodes and settled obligations, in 3 state policies" \
+    assert "purged 5 superseded facts, episodes and settled obligations, in 3 state policies" \
         in out
-    assert "facts (every tenant): purged 2 superseded fact versions" in out
+    assert "facts (every tenant): purged 3 superseded fact versions" in out
     runs_ = PurgeRun.objects.filter(state_policy__isnull=False, dry_run=False)
     assert sorted((r.policy_snapshot["kind"], r.rows_purged, r.actor) for r in runs_) == [
-        ("episodes", 1, "cron"), ("facts", 2, "cron"), ("obligations", 1, "cron")]
+        ("episodes", 1, "cron"), ("facts", 3, "cron"), ("obligations", 1, "cron")]
     assert all(r.finished_at for r in runs_)
     # what stays behind still verifies, and a second run finds nothing
     assert retention.purge(actor="again").purged_state_ids == []
