@@ -10,7 +10,7 @@ A row may go once its policy's days have passed since it was superseded (a fact 
 its successor's `created_at`), recorded (an episode) or settled (an obligation's
 `committed_at` or `cancelled_at`), and never while its run is unfinished: an open
 obligation, a step not committed, an operation not terminal, or a live lease on the run
-(`ledger_run_unfinished`, migration 0037). A current fact, a candidate and an open
+(`ledger_run_unfinished`, migration 0038). A current fact, a candidate and an open
 obligation are never purged. PostgreSQL holds all of that twice: the SECURITY DEFINER
 function `ledger_retention_purge_state` checks each row again by the database's clock, and
 the tables' triggers refuse any other DELETE, whoever asks.
@@ -111,7 +111,7 @@ def policies() -> list[StateRetentionPolicy]:
 
 # A fact version something still names: a conflict or a person's decision (the audit trail
 # of facts, never purged), a candidate that contradicted it, or an operation still kept
-# that relied on it (operation_relies_on_idx, migration 0037, holds only the operations
+# that relied on it (operation_relies_on_idx, migration 0038, holds only the operations
 # that rely on a fact). Over `{x}`, an alias of ledger_fact.
 _FACT_NAMED = (
     "EXISTS (SELECT 1 FROM ledger_factconflict c WHERE {x}.id IN "

@@ -79,7 +79,7 @@ def ensure_default_policy() -> None:
         )
 
 
-# The execution state's policies for every tenant (migration 0037 keeps its own copy).
+# The execution state's policies for every tenant (migration 0038 keeps its own copy).
 DEFAULT_STATE_POLICIES = {"facts": 365, "episodes": 90, "obligations": 365}
 
 

@@ -6,7 +6,7 @@ cancelled) and never again. Episodes and fact decisions are append-only. Writes 
 `ledger.facts`, `ledger.obligations` and `ledger.episodes`.
 
 Rows are deleted only by the retention purge (`ledger_retention_purge_state`, migration
-0037, inside which `ledger_sanctioned` holds), and only a superseded fact version, a settled
+0038, inside which `ledger_sanctioned` holds), and only a superseded fact version, a settled
 obligation or an episode, none of a run that is unfinished (`ledger_run_unfinished`): the
 triggers below refuse any other DELETE, whoever asks.
 """

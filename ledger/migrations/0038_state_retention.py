@@ -171,14 +171,14 @@ def create_default_state_policies(apps, schema_editor):
         if created:
             RetentionChange.objects.create(
                 state_policy_id=policy.pk, action="created",
-                changed_by_name="migration 0037_state_retention", before=None,
+                changed_by_name="migration 0038_state_retention", before=None,
                 after={"kind": kind, "tenant": "", "purge_after_days": days}, changed_at=now)
 
 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0036_operation_columns_with_their_event'),
+        ('ledger', '0037_operation_event_content'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
