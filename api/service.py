@@ -308,9 +308,7 @@ def start_run(
     key: AgentKey, *, objective: str, tenant: str | None = None, run_id: str | None = None
 ) -> dict[str, Any]:
     check_optional_identifier(run_id, "run_id", 100)
-    if run_id is not None and selectors.taken_elsewhere(key, Run, run_id=run_id):
-        # Another tenant's run id: refused without saying whose it is.
-        raise InvalidInput(f"expected run_id {run_id!r} to be new, found it taken")
+    # Run ids are unique per tenant: another tenant's run of that id is neither seen nor hit.
     run = runs.start(objective, tenant=tenant_for(key, tenant), run_id=run_id)
     return run_dict(run)
 
@@ -348,9 +346,6 @@ def open_obligation(
 ) -> dict[str, Any]:
     run_obj = access_run(key, run)
     check_identifier(obligation_key, "obligation_key", 200)
-    if selectors.taken_elsewhere(key, Obligation, key=obligation_key):
-        raise InvalidInput(f"expected obligation key {obligation_key!r} to be new, found it "
-                           "taken")
     obligation = obligations.open(run_obj, kind, obligation_key, deadline=deadline,
                                   fencing_token=fencing_token)
     return obligation_dict(obligation, run_obj)
@@ -362,7 +357,8 @@ def commit_obligation(
     """Exactly once: a later or concurrent commit gets AlreadyCommitted with the winner's
     result."""
     found = access_obligation(key, obligation_key)
-    obligation = obligations.commit(found.key, result, fencing_token=fencing_token)
+    obligation = obligations.commit(found.key, result, fencing_token=fencing_token,
+                                    tenant=found.tenant)
     return obligation_dict(obligation, None)
 
 

@@ -11,8 +11,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, Q
-from django.db.models.functions import Substr
+from django.db.models import Exists, OuterRef, Q, Value
+from django.db.models.functions import Concat, Replace, Substr
 from django.template.response import TemplateResponse
 
 from ledger import access, agent_keys, retention
@@ -169,16 +169,19 @@ class EvidenceAdmin(ReadOnlyAdmin):
 
 @admin.register(Lease)
 class LeaseAdmin(ReadOnlyAdmin):
-    """A lease names its run (`run:<run_id>`) or the operation being reconciled
-    (`reconcile:<operation_id>`); a lease on any other resource has no tenant, and only
-    superusers see it."""
+    """A lease names its run (`run:<tenant>:<run_id>`, `Run.lease_resource`) or the
+    operation being reconciled (`reconcile:<operation_id>`); a lease on any other resource
+    has no tenant, and only superusers see it."""
 
     list_display = ["resource", "owner", "token", "acquired_at", "expires_at"]
     identity_fields = ("resource", "owner", "token")
 
     def tenant_filter(self, tenants):
-        runs = Run.objects.filter(tenant__in=tenants,
-                                  run_id=Substr(OuterRef("resource"), len("run:") + 1))
+        runs = Run.objects.filter(tenant__in=tenants).annotate(lease=Concat(
+            Value("run:"),
+            Replace(Replace("tenant", Value("%"), Value("%25")), Value(":"), Value("%3A")),
+            Value(":"), "run_id",
+        )).filter(lease=OuterRef("resource"))
         operations = Operation.objects.filter(
             tenant__in=tenants,
             operation_id=Substr(OuterRef("resource"), len("reconcile:") + 1),

@@ -1,11 +1,11 @@
 """Leases with fencing tokens.
 
-A lease is a time-limited claim on a resource (`run:<run_id>`, ...). Every acquisition
+A lease is a time-limited claim on a resource (`run:<tenant>:<run_id>`, ...). Every acquisition
 hands out a token strictly greater than any token the resource had before, so a write that
 carries a token can be refused once someone newer took over (`check`). A run's lease
-`run:<run_id>` fences every agent write to the run once it exists (`check_run`: a write
-without a token is refused too). Times come from the database clock (`now()`), never from
-the caller's.
+`run:<tenant>:<run_id>` (`Run.lease_resource`) fences every agent write to the run once it
+exists (`check_run`: a write without a token is refused too). Times come from the database
+clock (`now()`), never from the caller's.
 
 Each change is one statement (atomic alone, or part of the caller's transaction, with no
 savepoint around it), prepared: reconcilers take and release a lease per operation.
@@ -22,6 +22,7 @@ from django.db import IntegrityError, connection
 
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken
 from ledger.inputs import check_fencing_token, check_identifier, check_positive_duration
+from ledger.models.coordination import RUN_LEASE_WITH_PARAMS, run_lease_name
 from ledger.models.triggers import FENCE_HINT
 from ledger.prepared import prepared_cursor
 
@@ -137,7 +138,7 @@ def check(resource: str, token: int) -> None:
 def check_run(run_pk: int, token: int | None) -> None:
     """The fence of every agent write to a run's operations, obligations, steps and facts.
 
-    Once the run's lease `run:<run_id>` exists (taken by `runs.resume` or `acquire`, held,
+    Once the run's lease `run:<tenant>:<run_id>` exists (taken by `runs.resume` or `acquire`, held,
     expired or released), the write must carry its current token: none, or an older one,
     raises StaleFencingToken. A run that was never leased is not fenced, unless a token is
     given (then there is no lease it could be current for). Inside a transaction the lease
@@ -147,10 +148,10 @@ def check_run(run_pk: int, token: int | None) -> None:
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT l.token
               FROM ledger_lease l
-              JOIN ledger_run r ON l.resource = 'run:' || r.run_id
+              JOIN ledger_run r ON l.resource = {RUN_LEASE_WITH_PARAMS}
              WHERE r.id = %s
                FOR SHARE OF l
             """,
@@ -159,9 +160,9 @@ def check_run(run_pk: int, token: int | None) -> None:
         row = cursor.fetchone()
         if (row is None and token is None) or (row is not None and row[0] == token):
             return
-        cursor.execute("SELECT run_id FROM ledger_run WHERE id = %s", [run_pk])
-        (run_id,) = cursor.fetchone()
-    _raise_stale(f"run:{run_id}", token, current=row[0] if row else None)
+        cursor.execute("SELECT tenant, run_id FROM ledger_run WHERE id = %s", [run_pk])
+        tenant, run_id = cursor.fetchone()
+    _raise_stale(run_lease_name(tenant, run_id), token, current=row[0] if row else None)
 
 
 @contextmanager

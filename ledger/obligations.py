@@ -1,6 +1,8 @@
 """Obligations: what a run has promised to do exactly once, named by an idempotency key.
 
-`open` is idempotent on the key. `commit` is one compare-and-set (`UPDATE ... WHERE state =
+Keys are unique per tenant: `open` is idempotent on the key within the run's tenant, and
+`commit` / `cancel` find a key within `tenant` (needed when the key names obligations of
+several tenants). `commit` is one compare-and-set (`UPDATE ... WHERE state =
 'open'`), so among any number of concurrent committers exactly one wins; every other gets
 `AlreadyCommitted` carrying the winner's result. A settled obligation never changes: a
 trigger refuses any UPDATE of it, and every DELETE. On a leased run, `commit` and `cancel`
@@ -27,6 +29,7 @@ from ledger.inputs import (
     check_identifier,
     check_json,
     check_names,
+    check_optional_identifier,
     check_run_ref,
     storable_text,
 )
@@ -64,7 +67,7 @@ def open(  # the contract's name; it shadows the builtin only inside this module
             [Obligation(run=run, tenant=run.tenant, kind=kind, key=key, deadline=deadline)],
             ignore_conflicts=True,
         )
-        obligation = Obligation.objects.select_related("run").get(key=key)
+        obligation = Obligation.objects.select_related("run").get(tenant=run.tenant, key=key)
     if obligation.run_id != run.pk or obligation.kind != kind:
         raise IdempotencyKeyReused(
             f"expected obligation key {key!r} to name {kind} of run {run.run_id}, found it "
@@ -74,7 +77,8 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     return obligation
 
 
-def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obligation:
+def commit(key: str, result: Any, *, fencing_token: int | None = None,
+           tenant: str | None = None) -> Obligation:
     """Commit the open obligation `key` with `result`, exactly once.
 
     Whoever commits first wins; every later or concurrent call, even with the same result,
@@ -84,36 +88,41 @@ def commit(key: str, result: Any, *, fencing_token: int | None = None) -> Obliga
     `fencing_token` is the lease's current token (so for `cancel`).
     """
     check_identifier(key, "key", 200)
+    check_optional_identifier(tenant, "tenant", 100)
     check_json(result, what="result")
     check_fencing_token(fencing_token)
     result = redact(result)
     with leases.refused_as_stale(), transaction.atomic(durable=True):
-        leases.check_run(_run_pk(key), fencing_token)
-        won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
+        named = _named(key, tenant, doing="commit")
+        leases.check_run(named.run_id, fencing_token)
+        won = Obligation.objects.filter(pk=named.pk, state=ObligationState.OPEN).update(
             state=ObligationState.COMMITTED, result=result, committed_at=Now(),
             fencing_token=fencing_token,
         )
-        obligation = Obligation.objects.filter(key=key).first()
+        obligation = Obligation.objects.filter(pk=named.pk).first()
     if won == 1:
         return obligation
     raise _not_open(key, obligation, doing="commit")
 
 
-def cancel(key: str, *, reason: str, fencing_token: int | None = None) -> Obligation:
+def cancel(key: str, *, reason: str, fencing_token: int | None = None,
+           tenant: str | None = None) -> Obligation:
     """Cancel the open obligation `key`: it will not be done. Cancelling a cancelled one
     returns it unchanged; a committed one raises AlreadyCommitted (with its result)."""
     check_identifier(key, "key", 200)
+    check_optional_identifier(tenant, "tenant", 100)
     reason = storable_text(reason, "reason", 2000)
     if not reason.strip():
         raise InvalidInput(f"expected a non-empty reason to cancel, found {reason!r}")
     check_fencing_token(fencing_token)
     with leases.refused_as_stale(), transaction.atomic(durable=True):
-        leases.check_run(_run_pk(key), fencing_token)
-        won = Obligation.objects.filter(key=key, state=ObligationState.OPEN).update(
+        named = _named(key, tenant, doing="cancel")
+        leases.check_run(named.run_id, fencing_token)
+        won = Obligation.objects.filter(pk=named.pk, state=ObligationState.OPEN).update(
             state=ObligationState.CANCELLED, cancelled_at=Now(),
             cancel_reason=scrub_text(reason.strip()), fencing_token=fencing_token,
         )
-        obligation = Obligation.objects.filter(key=key).first()
+        obligation = Obligation.objects.filter(pk=named.pk).first()
     if won == 1 or (obligation is not None and obligation.state == ObligationState.CANCELLED):
         return obligation
     raise _not_open(key, obligation, doing="cancel")
@@ -127,11 +136,18 @@ def overdue(*, tenants=None, now: datetime | None = None) -> QuerySet[Obligation
     return run_reads.overdue_obligations(tenants=tenants, now=now)
 
 
-def _run_pk(key: str) -> int:
-    run_pk = Obligation.objects.filter(key=key).values_list("run_id", flat=True).first()
-    if run_pk is None:
-        raise _not_open(key, None, doing="check the fencing token of")
-    return run_pk
+def _named(key: str, tenant: str | None, *, doing: str) -> Obligation:
+    """The obligation `key` of `tenant` (None: of the one tenant that has that key), its pk
+    and run only; InvalidInput when there is none, or several without a tenant."""
+    named = Obligation.objects.filter(key=key).only("pk", "run_id", "tenant")
+    found = list(named.filter(tenant=tenant)[:1] if tenant is not None else named[:2])
+    if not found:
+        raise _not_open(key, None, doing=doing)
+    if len(found) > 1:
+        raise InvalidInput(
+            f"expected obligation key {key!r} to name one obligation, found obligations of "
+            "several tenants; name the tenant (tenant=...)")
+    return found[0]
 
 
 def _not_open(key: str, obligation: Obligation | None, *, doing: str) -> Exception:

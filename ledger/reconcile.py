@@ -58,6 +58,7 @@ from ledger.inputs import (
     storable,
 )
 from ledger.models import Evidence, Lease, Operation
+from ledger.models.coordination import RUN_LEASE_WITH_PARAMS
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.states import RetryPolicy, State
@@ -653,10 +654,10 @@ def _settle_isolated(claim: Claim, outcome: Outcome) -> Operation:
 # Submitted before the cutoff, and no live lease on the run (or no run). Every pass of
 # every worker runs it first, so it is written out once and prepared, as the claims are.
 _STALE = f"""
-    SELECT {rows.operation_columns("o")}, r.run_id, l.owner, l.expires_at
+    SELECT {rows.operation_columns("o")}, r.run_id, {RUN_LEASE_WITH_PARAMS}, l.owner, l.expires_at
       FROM ledger_operation o
       LEFT JOIN ledger_run r ON r.id = o.run_id
-      LEFT JOIN ledger_lease l ON l.resource = 'run:' || r.run_id
+      LEFT JOIN ledger_lease l ON l.resource = {RUN_LEASE_WITH_PARAMS}
      WHERE o.state = '{State.SUBMITTED}' AND o.submitted_at < %s
        AND (o.run_id IS NULL OR l.id IS NULL OR l.expires_at <= statement_timestamp())
      ORDER BY o.submitted_at, o.id
@@ -668,7 +669,7 @@ _STALE = f"""
 def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
     """`submitted` operations older than `older_than` whose sender is gone -> outcome_unknown.
 
-    Gone: no live lease `run:<run_id>` (an operation without a run counts as gone once
+    Gone: no live lease `run:<tenant>:<run_id>` (an operation without a run counts as gone once
     old). Each gets an event saying why. Returns how many it moved. Never sends anything.
     """
     check_duration(older_than, "older_than")
@@ -680,7 +681,7 @@ def sweep_stale_submissions(*, older_than: timedelta, limit: int = 500) -> int:
             stale = cursor.fetchall()
         for row in stale:
             op = rows.operation_from_row(row)
-            op.run_name, op.lease_owner, op.lease_expired_at = row[-3:]
+            op.run_name, op.lease_name, op.lease_owner, op.lease_expired_at = row[-4:]
             reason = _why_gone(op, older_than)
             transitions.by_sweep(
                 op, reason=reason,
@@ -700,8 +701,8 @@ def _why_gone(op: Operation, older_than: timedelta) -> str:
     if op.run_name is None:
         return f"sender gone: {age}, and no run holds a lease for it"
     if op.lease_owner is None:
-        return f"sender gone: {age}, and run:{op.run_name} was never leased"
-    return (f"sender gone: {age}, and the lease run:{op.run_name} of {op.lease_owner} "
+        return f"sender gone: {age}, and {op.lease_name} was never leased"
+    return (f"sender gone: {age}, and the lease {op.lease_name} of {op.lease_owner} "
             f"expired at {op.lease_expired_at.isoformat()}")
 
 

@@ -2,8 +2,8 @@
 
 A step moves pending -> started -> committed, and starts only once every step it depends on
 is committed ("no shipping before the payment clears"); a trigger refuses anything else.
-`resume` hands a run to a new worker: it takes the run's lease `run:<run_id>` (a larger
-fencing token, so writes still carrying the previous worker's token are refused) and
+`resume` hands a run to a new worker: it takes the run's lease `run:<tenant>:<run_id>` (a
+larger fencing token, so writes still carrying the previous worker's token are refused) and
 returns the hand-off view, read from the tables, never from a summary or a transcript.
 Once a run is leased, moving its steps (`start_step`, `commit_step`) takes the lease's
 current token (`leases.check_run`, and PostgreSQL's `step_fenced`, which the token is
@@ -52,15 +52,24 @@ DEFAULT_RESUME_TTL = timedelta(minutes=5)
 
 
 def as_run(run: Run | str, *, tenant: str | None = None) -> Run:
-    """`run` itself, or the Run named by that run_id; InvalidInput if there is none, or if
-    it belongs to another tenant than `tenant` (when given)."""
+    """`run` itself, or the Run named by that run_id in `tenant`; InvalidInput if there is
+    none, or if the Run belongs to another tenant than `tenant` (when given).
+
+    Run ids are unique per tenant: without `tenant`, a run_id that names runs of several
+    tenants is InvalidInput too (name the tenant, or pass the Run)."""
     check_optional_identifier(tenant, "tenant", 100)
     if isinstance(run, str):
         check_identifier(run, "run", 100)
-        found = Run.objects.filter(run_id=run).first()
-        if found is None:
-            raise InvalidInput(f"expected run {run!r} to exist, found no such run")
-        run = found
+        named = Run.objects.filter(run_id=run)
+        found = list(named.filter(tenant=tenant)[:1] if tenant is not None else named[:2])
+        if not found:
+            where = f" in tenant {tenant!r}" if tenant is not None else ""
+            raise InvalidInput(f"expected run {run!r} to exist{where}, found no such run")
+        if len(found) > 1:
+            raise InvalidInput(
+                f"expected run_id {run!r} to name one run, found runs of several tenants; "
+                "name the tenant (tenant=...) or pass the Run")
+        run = found[0]
     elif not isinstance(run, Run) or run.pk is None:
         raise InvalidInput(f"expected a saved Run or a run_id, found {run!r}")
     if tenant is not None and run.tenant != tenant:
@@ -109,7 +118,8 @@ def as_run_and_step(
 def start(objective: str, *, tenant: str = "default", run_id: str | None = None) -> Run:
     """Start a run working on `objective`; returns it. With the `run_id` of an existing run
     of the same tenant and objective, returns that run (starting twice is harmless); with
-    another tenant or objective, InvalidInput."""
+    another objective, InvalidInput. Run ids are unique per tenant: another tenant's run
+    with the same id is another run, never seen from here."""
     # The objective is the agent's prose: made storable, not refused for its characters.
     objective = check_text(scrub_text(storable_text(objective, "objective", 10_000)),
                            "objective", 10_000)
@@ -119,18 +129,18 @@ def start(objective: str, *, tenant: str = "default", run_id: str | None = None)
     check_identifier(run_id, "run_id", 100)
     with transaction.atomic(durable=True):
         run, created = Run.objects.get_or_create(
-            run_id=run_id, defaults={"tenant": tenant, "objective": objective}
+            tenant=tenant, run_id=run_id, defaults={"objective": objective}
         )
-    if not created and (run.tenant, run.objective) != (tenant, objective):
+    if not created and run.objective != objective:
         raise InvalidInput(
-            f"expected run_id {run_id!r} to be new, or to name a run of tenant {tenant!r} "
-            f"with objective {objective[:80]!r}, found tenant {run.tenant!r} and objective "
-            f"{run.objective[:80]!r}"
+            f"expected run_id {run_id!r} to be new in tenant {tenant!r}, or to name its run "
+            f"with objective {objective[:80]!r}, found objective {run.objective[:80]!r}"
         )
     return run
 
 
-def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = ()) -> Step:
+def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = (),
+             tenant: str | None = None) -> Step:
     """Add step `step_id` (pending) to `run`, depending on steps already added to it.
 
     Adding the same step with the same dependencies again returns it; other dependencies
@@ -139,7 +149,7 @@ def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = ()) ->
     """
     check_identifier(step_id, "step_id", 100)
     wanted = check_names(depends_on, "depends_on", 100)
-    run = as_run(run)
+    run = as_run(run, tenant=tenant)
     with transaction.atomic(durable=True):
         deps = list(Step.objects.filter(run=run, step_id__in=wanted))
         unknown = sorted(set(wanted) - {d.step_id for d in deps})
@@ -161,13 +171,14 @@ def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = ()) ->
     return step
 
 
-def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None) -> Step:
+def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None,
+               tenant: str | None = None) -> Step:
     """pending -> started. Raises DependencyNotMet (`.missing`: the uncommitted steps)
     until every dependency is committed. A started step is returned as it is (a resumed
     worker takes it over); a committed one raises IllegalTransition: it is done."""
     _check_step_args(run, step_id, fencing_token)
     with leases.refused_as_stale(), transaction.atomic(durable=True):
-        step = _locked_step(run, step_id, fencing_token)
+        step = _locked_step(as_run(run, tenant=tenant), step_id, fencing_token)
         if step.state == StepState.COMMITTED:
             raise IllegalTransition(
                 f"expected step {step_id} of run {step.run.run_id} to be pending to start it, "
@@ -177,12 +188,13 @@ def start_step(run: Run | str, step_id: str, *, fencing_token: int | None = None
         return _start(step, fencing_token)
 
 
-def commit_step(run: Run | str, step_id: str, *, fencing_token: int | None = None) -> Step:
+def commit_step(run: Run | str, step_id: str, *, fencing_token: int | None = None,
+                tenant: str | None = None) -> Step:
     """-> committed (a pending step is started first, so DependencyNotMet applies too).
     Committing a committed step returns it unchanged."""
     _check_step_args(run, step_id, fencing_token)
     with leases.refused_as_stale(), transaction.atomic(durable=True):
-        step = _locked_step(run, step_id, fencing_token)
+        step = _locked_step(as_run(run, tenant=tenant), step_id, fencing_token)
         if step.state == StepState.COMMITTED:
             return step
         _start(step, fencing_token)
@@ -199,8 +211,7 @@ def _check_step_args(run, step_id, fencing_token) -> None:
     check_fencing_token(fencing_token)
 
 
-def _locked_step(run, step_id: str, fencing_token: int | None) -> Step:
-    run = as_run(run)
+def _locked_step(run: Run, step_id: str, fencing_token: int | None) -> Step:
     leases.check_run(run.pk, fencing_token)
     # Only the step's row: Step's ordering joins its run, which stays unlocked (and the
     # application role may not lock runs: it has no UPDATE on them).
@@ -270,27 +281,29 @@ class Resume:
         return shapes.hand_off(self)
 
 
-def resume(run_id: str | Run, *, worker: str, ttl: timedelta = DEFAULT_RESUME_TTL) -> Resume:
+def resume(run_id: str | Run, *, worker: str, ttl: timedelta = DEFAULT_RESUME_TTL,
+           tenant: str | None = None) -> Resume:
     """Take over the run for `worker` and return its hand-off view.
 
-    Takes the lease `run:<run_id>` with a fencing token larger than any before, so writes
-    still carrying an older token (`receipts.mark_succeeded(op, fencing_token=old)`,
-    `commit_step`, `obligations.commit`, `facts.assert_fact` with `fencing_token=`) are
+    Takes the lease `run:<tenant>:<run_id>` (`Run.lease_resource`) with a fencing token
+    larger than any before, so writes still carrying an older token
+    (`receipts.mark_succeeded(op, fencing_token=old)`, `commit_step`, `obligations.commit`,
+    `facts.assert_fact` with `fencing_token=`) are
     refused with StaleFencingToken. While another worker's lease is live this raises
     LeaseHeld (`.owner`, `.expires_at`) and takes nothing: wait for it to expire, or for
     its holder to release it. The same worker resuming again gets a new, larger token.
     """
     check_identifier(worker, "worker", 200)
-    run = as_run(run_id)
+    run = as_run(run_id, tenant=tenant)
     with transaction.atomic(durable=True):
         token = leases.acquire(run.lease_resource, worker, ttl)
         return _view(run, token, worker)
 
 
-def hand_off(run_id: str | Run) -> Resume:
+def hand_off(run_id: str | Run, *, tenant: str | None = None) -> Resume:
     """The hand-off view without taking the lease (token and holder: the lease's current
     ones, if any). For pages and supervisors; a worker resumes with `resume`."""
-    run = as_run(run_id)
+    run = as_run(run_id, tenant=tenant)
     lease = Lease.objects.filter(resource=run.lease_resource).first()
     return _view(run, lease.token if lease else None, lease.owner if lease else None)
 

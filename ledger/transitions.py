@@ -4,7 +4,7 @@ One change reads top to bottom in `_apply`:
 
 1. validate: a saved operation, a known state, a move `ledger.states.TRANSITIONS` allows;
 2. check the fence: an agent's write that carries a fencing token is checked against its
-   run's lease `run:<run_id>` in the same transaction, and an agent's change of an
+   run's lease `run:<tenant>:<run_id>` in the same transaction, and an agent's change of an
    operation whose run is leased must carry one. A reconciler's token is checked by
    PostgreSQL alone (`event_reconciler_fenced`, against `reconcile:<operation_id>`): its
    caller took or released that lease in the same transaction, which locked the row;

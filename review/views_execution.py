@@ -137,6 +137,8 @@ def moved_on_message(exc: errors.StaleFact) -> str:
 @view_runs_required
 @ledger_errors
 def run_detail(request, run_id: str):
-    detail = selectors.run_detail(request.user, run_id)
+    # Run ids are unique per tenant: the desk's links name the run's tenant (?tenant=).
+    tenant = request.GET.get("tenant") or None
+    detail = selectors.run_detail(request.user, run_id, tenant=tenant)
     return _render(request, "review/run.html", "records", {"detail": detail,
                                                            "run": detail.run})

@@ -6,8 +6,17 @@ from django.db import models
 
 from ledger.models.triggers import FENCE_HINT, Protect, Trigger
 
-# The lease that fences a run's writes, named from the run's row `r` (Run.lease_resource).
-RUN_LEASE = "'run:' || r.run_id"
+# The lease that fences a run's writes, named from the run's row `r` (Run.lease_resource):
+# `run:<tenant>:<run_id>`, the tenant's "%" and ":" percent-encoded, so that no two runs
+# (run ids are unique per tenant) share a lease name.
+RUN_LEASE = "'run:' || replace(replace(r.tenant, '%', '%25'), ':', '%3A') || ':' || r.run_id"
+# The same, in a query with parameters (its "%" doubled).
+RUN_LEASE_WITH_PARAMS = RUN_LEASE.replace("%", "%%")
+
+
+def run_lease_name(tenant: str, run_id: str) -> str:
+    """The name of the lease that fences run `run_id` of `tenant` (as RUN_LEASE)."""
+    return f"run:{tenant.replace('%', '%25').replace(':', '%3A')}:{run_id}"
 
 
 def run_fence_sql(run_pk: str, token: str, change: str) -> str:
@@ -109,12 +118,16 @@ _STEP_FENCED = run_fence_sql(
 class Run(models.Model):
     """One task an agent works on; operations, steps and facts hang off it."""
 
-    run_id = models.CharField(max_length=100, unique=True)
+    run_id = models.CharField(max_length=100)
     tenant = models.CharField(max_length=100, default="default", db_index=True)
     objective = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        constraints = [
+            # Per tenant: one tenant's run ids are neither visible to nor taken by another.
+            models.UniqueConstraint(fields=["tenant", "run_id"], name="run_id_unique_per_tenant"),
+        ]
         ordering = ["-created_at"]
 
     def __str__(self):
@@ -122,7 +135,7 @@ class Run(models.Model):
 
     @property
     def lease_resource(self) -> str:
-        return f"run:{self.run_id}"
+        return run_lease_name(self.tenant, self.run_id)
 
 
 class Step(models.Model):

@@ -451,7 +451,7 @@ class Obligation(models.Model):
     run = models.ForeignKey("ledger.Run", on_delete=models.PROTECT, related_name="obligations")
     tenant = models.CharField(max_length=100, default="default")
     kind = models.CharField(max_length=200)
-    key = models.CharField(max_length=200, unique=True)
+    key = models.CharField(max_length=200)
     state = models.CharField(
         max_length=20, choices=ObligationState.choices, default=ObligationState.OPEN
     )
@@ -468,6 +468,9 @@ class Obligation(models.Model):
 
     class Meta:
         constraints = [
+            # Per tenant: one tenant's keys are neither visible to nor taken by another.
+            models.UniqueConstraint(fields=["tenant", "key"],
+                                    name="obligation_key_unique_per_tenant"),
             models.CheckConstraint(
                 condition=models.Q(state__in=ObligationState.values),
                 name="obligation_state_known",

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
+from ledger.models.coordination import RUN_LEASE
 from ledger.models.triggers import FENCE_HINT, SANCTIONED, SEALING, Protect, Trigger
 from ledger.states import (
     TERMINAL,
@@ -35,11 +36,11 @@ def _event_recorded(from_state: str) -> str:
 # of an operation whose run has a lease must carry the lease's current token. The lease row
 # is share-locked to the commit, so no newer token is handed out before it. Not a new
 # receipt (from_state ''): a planned operation has no effect.
-_EVENT_FENCED = """
+_EVENT_FENCED = f"""
     SELECT l.token, l.resource INTO lease
       FROM ledger_operation o
       JOIN ledger_run r ON r.id = o.run_id
-      JOIN ledger_lease l ON l.resource = 'run:' || r.run_id
+      JOIN ledger_lease l ON l.resource = {RUN_LEASE}
      WHERE o.id = NEW.operation_id
        FOR SHARE OF l;
     IF FOUND AND NEW.fencing_token IS DISTINCT FROM lease.token THEN

@@ -46,7 +46,7 @@ from ledger.selectors.audit import (
     audit_status_for,
     iter_audit_events,
 )
-from ledger.selectors.base import capped_count, fetch_one, lookup_id, taken_elsewhere, visible
+from ledger.selectors.base import capped_count, fetch_one, lookup_id, visible
 from ledger.selectors.facts import (
     ConflictDetail,
     access_conflict,
@@ -119,6 +119,6 @@ __all__ = [
     "QueuePulse", "queue_pulse", "queue_signature",
     "SEARCH_MIN_FRAGMENT", "queue_next", "access_saved_view", "saved_views_for",
     "ApprovalStatus", "approval_status", "OperationReceipt", "operation_receipt",
-    "operations_page", "remember_read", "access_obligation", "lookup_id", "taken_elsewhere",
+    "operations_page", "remember_read", "access_obligation", "lookup_id",
     "Proposals", "pending_proposal", "proposals_of", "fact_version",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from django.db.models import Model, QuerySet
 
 from ledger import access
-from ledger.errors import NotFound
+from ledger.errors import InvalidInput, NotFound
 from ledger.inputs import check_identifier
 
 
@@ -30,10 +30,13 @@ def fetch_one[M: Model](qs: QuerySet[M], what: str, **lookup) -> M:
     `qs` is already limited to what the principal may see (`visible`), so the fetch and the
     check are one query.
     """
-    try:
-        return qs.get(**lookup)
-    except qs.model.DoesNotExist:
-        raise NotFound(f"expected {what} among the tenants you may see, found none") from None
+    found = list(qs.filter(**lookup)[:2])
+    if not found:
+        raise NotFound(f"expected {what} among the tenants you may see, found none")
+    if len(found) > 1:
+        raise InvalidInput(f"expected {what} to name one record among the tenants you may "
+                           "see, found one in each of several; name the tenant")
+    return found[0]
 
 
 def lookup_id(value, *, what: str, name: str, max_length: int) -> str:
@@ -44,14 +47,6 @@ def lookup_id(value, *, what: str, name: str, max_length: int) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= max_length:
         raise NotFound(f"expected {what}, found {value!r}")
     return check_identifier(value, name, max_length)
-
-
-def taken_elsewhere(principal, rows: type[Model] | QuerySet, **lookup) -> bool:
-    """Whether a row matching `lookup` exists in a tenant `principal` may not see: a name
-    it asks to create is taken, without saying whose (one query)."""
-    qs = rows._default_manager.all() if isinstance(rows, type) else rows
-    found = qs.filter(**lookup).values_list("tenant", flat=True).first()
-    return found is not None and not access.can_see(principal, found)
 
 
 def capped_count(qs: QuerySet, cap: int) -> tuple[int, bool]:

@@ -13,6 +13,7 @@ from django.db.models.functions import Left, Length
 from django.utils import timezone
 
 from ledger import access, states
+from ledger.inputs import check_identifier
 from ledger.models import (
     Episode,
     Fact,
@@ -38,20 +39,26 @@ EPISODE_CHARS_SHOWN = 2000
 # --- one run -----------------------------------------------------------------------------
 
 
-def access_run(user, run_id: str) -> Run:
-    """The run `run_id` if `user` (a person or an agent key) may see its tenant;
-    errors.NotFound otherwise, and for anything but an id of 1 to 100 characters;
-    InvalidInput for an id the input gate refuses. One query."""
+def access_run(user, run_id: str, *, tenant: str | None = None) -> Run:
+    """The run `run_id` of the tenants `user` (a person or an agent key) may see (of
+    `tenant` alone, when given); errors.NotFound otherwise, and for anything but an id of 1
+    to 100 characters; InvalidInput for an id the input gate refuses, and for an id that
+    names runs of several of those tenants (run ids are unique per tenant). One query."""
     lookup_id(run_id, what="a run id", name="run_id", max_length=100)
-    return fetch_one(visible(user, Run), f"run {run_id!r}", run_id=run_id)
+    return fetch_one(_of(visible(user, Run), tenant), f"run {run_id!r}", run_id=run_id)
 
 
-def access_obligation(user, key: str) -> Obligation:
-    """The obligation `key` if `user` (a person or an agent key) may see its tenant;
-    errors.NotFound otherwise, and for anything but a key of 1 to 200 characters;
-    InvalidInput for a key the input gate refuses. One query."""
+def access_obligation(user, key: str, *, tenant: str | None = None) -> Obligation:
+    """The obligation `key` of the tenants `user` (a person or an agent key) may see (of
+    `tenant` alone, when given); errors.NotFound otherwise, and for anything but a key of 1
+    to 200 characters; InvalidInput for a key the input gate refuses, and for a key that
+    names obligations of several of those tenants (keys are unique per tenant). One query."""
     lookup_id(key, what="an obligation key", name="obligation_key", max_length=200)
-    return fetch_one(visible(user, Obligation), f"obligation {key!r}", key=key)
+    return fetch_one(_of(visible(user, Obligation), tenant), f"obligation {key!r}", key=key)
+
+
+def _of(qs, tenant: str | None):
+    return qs if tenant is None else qs.filter(tenant=check_identifier(tenant, "tenant", 100))
 
 
 @dataclass(frozen=True)
@@ -117,12 +124,12 @@ class RunDetail:
         return self.lease is not None and self.lease.expires_at > timezone.now()
 
 
-def run_detail(user, run_id: str) -> RunDetail:
+def run_detail(user, run_id: str, *, tenant: str | None = None) -> RunDetail:
     """The run `run_id` with its steps (and dependencies), operations, obligations, the
     current facts it wrote (with provenance), its open conflicts, its latest episodes and
     its lease: nine queries whatever the run holds (each list capped at RUN_ROWS_SHOWN).
-    errors.NotFound for a run of a tenant `user` may not see."""
-    run = access_run(user, run_id)
+    errors.NotFound for a run of a tenant `user` may not see (or not of `tenant`, given)."""
+    run = access_run(user, run_id, tenant=tenant)
     lease = Lease.objects.filter(resource=run.lease_resource).first()
     records = run_records(run, limit=RUN_ROWS_SHOWN)
     episodes = (

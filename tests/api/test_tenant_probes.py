@@ -70,3 +70,40 @@ def test_another_tenants_run_and_obligation_look_like_none(agents):
     missing = ours.post("/api/v1/obligations", json={"run": "no-run", "kind": "k",
                                                      "key": "k1"})
     _same_answer(existing, missing, "their-run", "no-run")
+
+
+def test_an_id_another_tenant_holds_is_ours_to_take_and_each_lease_fences_its_own_run(agents):
+    ours, theirs = agents
+    assert theirs.post("/api/v1/runs", json={"objective": "theirs", "run_id": "run-1",
+                                             "tenant": "acme"}).status_code == 200
+    assert theirs.post("/api/v1/obligations", json={"run": "run-1", "kind": "refund",
+                                                    "key": "refund-1"}).status_code == 200
+    # The same run id and obligation key are ours to take: nothing says they exist elsewhere.
+    run = ours.post("/api/v1/runs", json={"objective": "ours", "run_id": "run-1"})
+    assert run.status_code == 200 and run.json()["tenant"] == "default", run.text
+    opened = ours.post("/api/v1/obligations", json={"run": "run-1", "kind": "invoice",
+                                                    "key": "refund-1"})
+    assert opened.status_code == 200 and opened.json()["kind"] == "invoice", opened.text
+    # Each run has its own lease: theirs taken twice, ours once.
+    theirs.post("/api/v1/runs/run-1/resume", json={})
+    their_token = theirs.post("/api/v1/runs/run-1/resume", json={}).json()["token"]
+    our_token = ours.post("/api/v1/runs/run-1/resume", json={}).json()["token"]
+    assert (their_token, our_token) == (2, 1)
+    assert runs.as_run("run-1", tenant="acme").lease_resource == "run:acme:run-1"
+    committed = ours.post("/api/v1/obligations/refund-1/commit",
+                          json={"result": {"ours": True}, "fencing_token": our_token})
+    assert committed.status_code == 200 and committed.json()["state"] == "committed"
+    stale = theirs.post("/api/v1/obligations/refund-1/commit",
+                        json={"result": {"theirs": True}, "fencing_token": 1})
+    assert_problem(stale, 409, detail_has="run:acme:run-1")
+    assert obligations.commit("refund-1", {"theirs": True}, fencing_token=their_token,
+                              tenant="acme").result == {"theirs": True}
+
+
+def test_a_tenant_with_a_colon_never_shares_a_lease_with_another_tenant_s_run(db):
+    # Without escaping, both runs' leases would be called run:a:b:c.
+    one = runs.start("one", tenant="a", run_id="b:c")
+    two = runs.start("two", tenant="a:b", run_id="c")
+    assert (one.lease_resource, two.lease_resource) == ("run:a:b:c", "run:a%3Ab:c")
+    runs.resume(one, worker="w1")
+    assert runs.resume(two, worker="w2").token == 1

@@ -190,7 +190,7 @@ def test_a_worker_whose_lease_was_taken_over_cannot_change_its_operations(run, w
     old, new = take_over(run)
     events = op.events.count()
     for stale in (None, old):
-        with pytest.raises(StaleFencingToken, match=f"run:run-17|current token {new}"):
+        with pytest.raises(StaleFencingToken, match=f"run:default:run-17|current token {new}"):
             do(Operation.objects.get(pk=op.pk), stale)
     fresh = Operation.objects.get(pk=op.pk)
     assert (fresh.state, fresh.version, fresh.events.count()) == (from_state, op.version, events)
@@ -205,7 +205,7 @@ def test_without_a_token_the_refusal_names_the_current_one(run):
     op = operation_in(run, State.PLANNED)
     _, new = take_over(run)
     with pytest.raises(StaleFencingToken, match=rf"current fencing token \({new}\) of "
-                                                r"run:run-17 .* found none") as refused:
+                                                r"run:default:run-17 .* found none") as refused:
         receipts.mark_submitted(op)
     assert refused.value.current_token == new
 
@@ -319,7 +319,7 @@ def test_postgresql_refuses_an_agent_event_without_the_current_token(run, stale)
     old, new = take_over(run)
     token = old if stale == "old" else None
     with pytest.raises(IntegrityError, match=f"expected the current fencing token {new} of "
-                                             "run:run-17"), transaction.atomic():
+                                             "run:default:run-17"), transaction.atomic():
         raw_move(op, to_state=State.SUCCEEDED, fencing_token=token)
     assert Operation.objects.get(pk=op.pk).state == State.SUBMITTED
     assert not OperationEvent.objects.filter(operation=op, version=op.version + 1).exists()

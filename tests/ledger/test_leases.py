@@ -128,7 +128,7 @@ def test_a_writer_that_pauses_past_its_ttl_is_refused_after_another_took_over_an
         from ledger.models import Operation
 
         op = Operation.objects.get(pk={op.pk})
-        token = leases.acquire("run:run-paused", "agent-a", timedelta(milliseconds=300))
+        token = leases.acquire("run:default:run-paused", "agent-a", timedelta(milliseconds=300))
         receipts.mark_submitted(op, fencing_token=token)
         print("SUBMITTED", token, flush=True)
         sys.stdin.readline()          # paused (a long GC, a stalled VM) past the TTL
@@ -139,8 +139,8 @@ def test_a_writer_that_pauses_past_its_ttl_is_refused_after_another_took_over_an
             print("REFUSED", exc, flush=True)
     """, stdin=subprocess.PIPE)
     token_a = int(wait_for_line(a, "SUBMITTED").split()[1])
-    wait_for_expiry("run:run-paused")
-    token_b = leases.acquire("run:run-paused", "agent-b", MINUTE)
+    wait_for_expiry("run:default:run-paused")
+    token_b = leases.acquire("run:default:run-paused", "agent-b", MINUTE)
     assert token_b > token_a
     op.refresh_from_db()
     receipts.mark_outcome_unknown(op, error_code="TakenOver", detail="A went silent",

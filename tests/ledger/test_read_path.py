@@ -8,7 +8,6 @@ import pytest
 
 from ledger import agent_keys, approvals, obligations, receipts, runs, selectors
 from ledger.errors import InvalidInput, NotFound
-from ledger.models import Run
 from ledger.selectors.approvals import (
     PROPOSAL_COMPLETED,
     PROPOSAL_PENDING,
@@ -100,14 +99,6 @@ def test_operations_pages_newest_first_on_their_ids_of_visible_tenants(
     assert selectors.operations_page(key, state=State.SUCCEEDED).items == []
     with pytest.raises(InvalidInput, match="page size between 1 and 200"):
         selectors.operations_page(key, per_page=201)
-
-
-def test_a_name_taken_in_a_tenant_the_key_cannot_see_is_taken_elsewhere(key):
-    runs.start("theirs", tenant="acme", run_id="run-acme")
-    runs.start("ours", run_id="run-default")
-    assert selectors.taken_elsewhere(key, Run, run_id="run-acme") is True
-    assert selectors.taken_elsewhere(key, Run, run_id="run-default") is False
-    assert selectors.taken_elsewhere(key, Run, run_id="run-nobody") is False
 
 
 def test_the_proposals_status_is_read_as_the_desk_shows_it(root):

@@ -388,18 +388,18 @@ def test_a_worker_killed_mid_reconcile_is_taken_over_after_its_lease_expires():
 def test_sweep_turns_old_submissions_of_gone_senders_into_outcome_unknown_and_says_why():
     orphan = OperationFactory(state=State.SUBMITTED)
     dead_run = Run.objects.create(run_id="run-dead")
-    token = leases.acquire("run:run-dead", "agent-1", timedelta(minutes=5))
-    leases.release("run:run-dead", "agent-1", token)
+    token = leases.acquire("run:default:run-dead", "agent-1", timedelta(minutes=5))
+    leases.release("run:default:run-dead", "agent-1", token)
     of_dead_run = OperationFactory(state=State.SUBMITTED, run=dead_run)
     live_run = Run.objects.create(run_id="run-live")
-    leases.acquire("run:run-live", "agent-2", timedelta(minutes=5))
+    leases.acquire("run:default:run-live", "agent-2", timedelta(minutes=5))
     of_live_run = OperationFactory(state=State.SUBMITTED, run=live_run)
     of_unleased_run = OperationFactory(state=State.SUBMITTED,
                                        run=Run.objects.create(run_id="run-unleased"))
 
     assert reconcile.sweep_stale_submissions(older_than=timedelta(hours=1)) == 0
     assert reconcile.sweep_stale_submissions(older_than=timedelta(0)) == 3
-    assert "run:run-unleased was never leased" in last_event(of_unleased_run).reason
+    assert "run:default:run-unleased was never leased" in last_event(of_unleased_run).reason
     for op in (orphan, of_dead_run, of_live_run):
         op.refresh_from_db()
     assert (orphan.state, of_dead_run.state, of_live_run.state) == (
@@ -407,7 +407,7 @@ def test_sweep_turns_old_submissions_of_gone_senders_into_outcome_unknown_and_sa
     assert orphan.unknown_since is not None and orphan.error_code == "SenderGone"
     assert "no run holds a lease" in last_event(orphan).reason
     event = last_event(of_dead_run)
-    assert "run:run-dead of agent-1 expired" in event.reason
+    assert "run:default:run-dead of agent-1 expired" in event.reason
     assert (event.actor_kind, event.evidence["run"]) == (ActorKind.SYSTEM, "run-dead")
 
 

@@ -188,7 +188,7 @@ def _busy_run(run):
 def test_resume_returns_the_hand_off_view_from_the_records(run):
     op = _busy_run(run)
     view = runs.resume("run-17", worker="worker-b")
-    assert view.token == leases.current_token("run:run-17") and view.holder == "worker-b"
+    assert view.token == leases.current_token("run:default:run-17") and view.holder == "worker-b"
     assert view.objective == "Ship order 17"
     assert [(s.step_id, s.state) for s in view.steps] == [("charge-card", "committed"),
                                                           ("ship", "started")]
@@ -227,7 +227,7 @@ def test_resume_is_refused_while_another_workers_lease_is_live(run):
     with pytest.raises(LeaseHeld, match="found it held by worker-a") as info:
         runs.resume("run-17", worker="worker-b")
     assert info.value.owner == "worker-a"
-    assert leases.current_token("run:run-17") == 1
+    assert leases.current_token("run:default:run-17") == 1
 
 
 @pytest.mark.django_db
@@ -244,7 +244,7 @@ def test_after_a_resume_every_write_with_the_old_token_is_refused(run):
     obligations.open(run, "email.confirmation", "confirm-17")
     old = runs.resume("run-17", worker="worker-a", ttl=timedelta(seconds=1)).token
     receipts.mark_submitted(op, fencing_token=old)
-    leases.release("run:run-17", "worker-a", old)
+    leases.release("run:default:run-17", "worker-a", old)
     new = runs.resume("run-17", worker="worker-b").token
     late_writes = [
         lambda: receipts.mark_succeeded(op, external_id="s-1", fencing_token=old),
@@ -377,3 +377,25 @@ def test_resume_names_each_open_operations_next_moves_and_the_approvals_it_waits
         {"to": "abandoned", "by": "person"}, {"to": "reconciling", "by": "reconciler"},
         {"to": "safe_to_retry", "by": "person"}, {"to": "succeeded", "by": "person"}]
     assert moves[unknown.operation_id]["approval"] is None
+
+
+@pytest.mark.django_db
+def test_run_ids_and_obligation_keys_are_unique_per_tenant():
+    ours = runs.start("ours", run_id="run-1")
+    theirs = runs.start("theirs", tenant="acme", run_id="run-1")
+    assert ours.pk != theirs.pk
+    assert runs.start("theirs", tenant="acme", run_id="run-1") == theirs
+    with pytest.raises(InvalidInput, match="several tenants; name the tenant"):
+        runs.hand_off("run-1")
+    assert runs.resume("run-1", worker="w", tenant="acme").run == theirs
+    assert runs.hand_off("run-1", tenant="default").token is None
+    with pytest.raises(InvalidInput, match="to exist in tenant 'nobody'"):
+        runs.as_run("run-1", tenant="nobody")
+    obligations.open(ours, "refund", "refund-1")
+    obligations.open(theirs, "invoice", "refund-1")
+    with pytest.raises(InvalidInput, match="several tenants; name the tenant"):
+        obligations.commit("refund-1", {"ours": True})
+    assert obligations.commit("refund-1", {"ours": True}, tenant="default").run == ours
+    # Theirs is leased: their lease fences their obligation, not ours.
+    with pytest.raises(StaleFencingToken, match="run:acme:run-1"):
+        obligations.cancel("refund-1", reason="no", tenant="acme")

@@ -195,9 +195,9 @@ def test_a_move_elsewhere_leaves_succeeded_twins_alone():
 @pytest.mark.django_db
 def test_a_stale_fencing_token_is_checked_before_anything_is_written():
     run = RunFactory()
-    old = leases.acquire(f"run:{run.run_id}", "agent-1", timedelta(minutes=5))
-    leases.release(f"run:{run.run_id}", "agent-1", old)
-    leases.acquire(f"run:{run.run_id}", "agent-2", timedelta(minutes=5))
+    old = leases.acquire(run.lease_resource, "agent-1", timedelta(minutes=5))
+    leases.release(run.lease_resource, "agent-1", old)
+    leases.acquire(run.lease_resource, "agent-2", timedelta(minutes=5))
     op = receipts.record_intent("articles.create", "t", {"title": "x"}, run=run)
     events = OperationEvent.objects.count()
     with pytest.raises(StaleFencingToken):

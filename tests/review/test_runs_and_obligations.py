@@ -99,7 +99,7 @@ def test_the_run_page_shows_objective_steps_operations_obligations_facts_episode
     assert "Payment cleared; booking the courier next." in body
     assert "held by <span class=\"mono\">worker-a</span>" in body
     assert f"fencing token <b class=\"mono\">{made['token']}</b>" in body
-    assert "run:run-ship-7" in body
+    assert "run:default:run-ship-7" in body
 
 
 @pytest.mark.django_db
@@ -171,3 +171,19 @@ def test_operation_detail_and_queue_rows_link_the_operations_run(client, reviewe
     queue = client.get(reverse("review:queue")).content.decode()
     assert queue.count(f'href="{run_url("run-pub")}"') == 1
     assert alone.operation_id in queue
+
+
+@pytest.mark.django_db
+def test_runs_of_one_id_in_two_tenants_each_open_from_a_link_naming_the_tenant(client, reviewer):
+    from ledger import access
+
+    access.grant(reviewer, "acme")
+    runs.start("Ours", run_id="run-1")
+    theirs = runs.start("Theirs", tenant="acme", run_id="run-1")
+    obligations.open(theirs, "refund", "refund-1", deadline=timezone.now() - timedelta(hours=1))
+    client.force_login(reviewer)
+    link = f"{run_url('run-1')}?tenant=acme"
+    assert link in client.get(reverse("review:overdue")).content.decode()
+    assert "Theirs" in client.get(link).content.decode()
+    assert "Ours" in client.get(f"{run_url('run-1')}?tenant=default").content.decode()
+    assert client.get(run_url("run-1")).status_code == 422
