@@ -18,7 +18,7 @@ RUN_LEASE = "'run:' || replace(replace(r.tenant, '%', '%25'), ':', '%3A') || ':'
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0037_operation_event_content'),
+        ('ledger', '0038_state_retention'),
     ]
 
     operations = [
