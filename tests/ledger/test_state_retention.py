@@ -4,11 +4,22 @@ anything of an unfinished run; PostgreSQL refuses every other DELETE, raw or as 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from ledger import episodes, facts, obligations, receipts, retention, retention_state, runs
+from ledger import (
+    episodes,
+    facts,
+    leases,
+    obligations,
+    receipts,
+    retention,
+    retention_state,
+    runs,
+)
 from ledger.errors import InvalidInput
 from ledger.models import (
     Episode,
@@ -16,6 +27,7 @@ from ledger.models import (
     Obligation,
     PurgeRun,
     RetentionChange,
+    Run,
     StateRetentionPolicy,
 )
 from tests.conftest import TEST_LOGINS
@@ -159,6 +171,9 @@ def test_postgresql_refuses_every_other_delete_even_the_owner_s_inside_the_purge
     busy = state_of(busy_run)
     open_one = obligations.open(busy_run, "email.send", "busy-open")
     superseded = done["facts"][0].pk
+    leased = state_of(runs.start("held by a worker", run_id="leased"))
+    leases.acquire(Run.objects.get(run_id="leased").lease_resource, "worker-1",
+                   timedelta(minutes=5))
 
     # outside the purge: refused, whatever the row
     for table, pk in (("ledger_fact", superseded), ("ledger_episode", done["episode"].pk),
@@ -172,6 +187,7 @@ def test_postgresql_refuses_every_other_delete_even_the_owner_s_inside_the_purge
         ("ledger_obligation", open_one.pk, "a open obligation"),
         ("ledger_obligation", busy["obligation"].pk, "unfinished"),
         ("ledger_episode", busy["episode"].pk, "unfinished"),
+        ("ledger_episode", leased["episode"].pk, "unfinished"),
     ):
         refused(f"SET LOCAL ledger.sanctioned = 'retention'; DELETE FROM {table} WHERE id = %s",
                 [pk], match=found)
