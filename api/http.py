@@ -61,6 +61,13 @@ def _path(max_length: int):
     return Path(..., min_length=1, max_length=max_length, pattern=NAME_PATTERN)
 
 
+def _tenant_query():
+    """`?tenant=`: the tenant of the run or obligation the path names, for a key granted
+    several tenants that use the same id (ids are unique per tenant)."""
+    return Query(None, min_length=1, max_length=100, pattern=NAME_PATTERN,
+                 description="The tenant of the id, when the key's tenants share it.")
+
+
 class AgentKeyAuth(HttpBearer):
     """The agent key in `Authorization: Bearer alk_...`; `request.auth` is the AgentKey."""
 
@@ -308,14 +315,16 @@ def start_run(request, body: RunIn):
 
 @api.post("/runs/{run_id}/steps", response={200: StepOut, **ERRORS},
           summary="Add a step (idempotent), depending on steps already added")
-def add_step(request, run_id: str = _path(100), *, body: StepIn):
-    return service.add_step(request.auth, run_id, **body.dict())
+def add_step(request, run_id: str = _path(100), *, body: StepIn,
+             tenant: str | None = _tenant_query()):
+    return service.add_step(request.auth, run_id, tenant=tenant, **body.dict())
 
 
 @api.post("/runs/{run_id}/resume", response={200: ResumeOut, **ERRORS},
           summary="Take the run's lease; `token` fences every later write")
-def resume(request, run_id: str = _path(100), *, body: ResumeIn):
-    return service.resume(request.auth, run_id, **body.dict())
+def resume(request, run_id: str = _path(100), *, body: ResumeIn,
+           tenant: str | None = _tenant_query()):
+    return service.resume(request.auth, run_id, tenant=tenant, **body.dict())
 
 
 @api.post("/obligations", response={200: ObligationOut, **ERRORS},
@@ -328,5 +337,6 @@ def open_obligation(request, body: ObligationIn):
 
 @api.post("/obligations/{key}/commit", response={200: ObligationOut, **ERRORS},
           summary="Commit an obligation exactly once; 409 carries the winner's result")
-def commit_obligation(request, key: str = _path(200), *, body: CommitIn):
-    return service.commit_obligation(request.auth, key, **body.dict())
+def commit_obligation(request, key: str = _path(200), *, body: CommitIn,
+                      tenant: str | None = _tenant_query()):
+    return service.commit_obligation(request.auth, key, tenant=tenant, **body.dict())

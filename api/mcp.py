@@ -305,9 +305,10 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         kind: Text,
         key: Annotated[str, Field(description="A stable key for this obligation.")],
         fencing_token: FencingToken = None,
+        tenant: Tenant = None,
     ) -> dict[str, Any]:
         return await _call(ctx, service.open_obligation, run=run, kind=kind,
-                           obligation_key=key, fencing_token=fencing_token)
+                           obligation_key=key, fencing_token=fencing_token, tenant=tenant)
 
     @server.tool(
         name="state_commit",
@@ -320,9 +321,10 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         key: Annotated[str, Field(description="The obligation's key.")],
         result: Any = None,
         fencing_token: FencingToken = None,
+        tenant: Tenant = None,
     ) -> dict[str, Any]:
         return await _call(ctx, service.commit_obligation, key, result=result,
-                           fencing_token=fencing_token)
+                           fencing_token=fencing_token, tenant=tenant)
 
     @server.tool(
         name="run_start",
@@ -349,8 +351,10 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         ctx: Context,
         run_id: Text,
         ttl_seconds: Annotated[float | None, Field(default=None, gt=0, le=86400)] = None,
+        tenant: Tenant = None,
     ) -> dict[str, Any]:
-        return await _call(ctx, service.resume, run_id, ttl_seconds=ttl_seconds)
+        return await _call(ctx, service.resume, run_id, ttl_seconds=ttl_seconds,
+                           tenant=tenant)
 
     return server
 

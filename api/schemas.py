@@ -200,6 +200,7 @@ class ObligationIn(Schema):
     key: Name(200)
     deadline: datetime | None = None
     fencing_token: TokenNumber | None = _token()
+    tenant: Name(100, "The run's tenant, when the key's tenants share its id.") | None = None
 
 
 class CommitIn(Schema):

@@ -76,6 +76,14 @@ def authenticate(secret: str, *, operation_id: str | None = None) -> AgentKey | 
     return agent_keys.authenticate(secret, operation_id=operation_id)
 
 
+def run_of(key: AgentKey, run_id: str, tenant: str | None = None) -> Run:
+    """The run `run_id` the key may see; of `tenant` alone when named (which the key must
+    be granted: PermissionDenied otherwise). Run ids are unique per tenant, so a key granted
+    several tenants names the tenant of an id more than one of them uses."""
+    return access_run(key, run_id,
+                      tenant=None if tenant is None else tenant_for(key, tenant))
+
+
 def tenant_for(key: AgentKey, tenant: str | None) -> str:
     """The tenant a write goes to: the one named (which the key must see), or the key's
     only tenant, or "default" when the key sees it."""
@@ -131,7 +139,7 @@ def record_intent(
     state says why. A refusal of the submission (ApprovalRequired, StaleFencingToken,
     DependencyNotMet, ...) is raised with the recorded operation on `.operation_recorded`,
     which the problem carries: the intent stays recorded either way."""
-    run_obj = access_run(key, run) if run is not None else None
+    run_obj = run_of(key, run, tenant) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
     tenant = tenant_for(key, tenant)
@@ -289,7 +297,7 @@ def assert_fact(
 ) -> dict[str, Any]:
     """The fact's source is always the key's name (with the agent's own `source` after a
     slash), so an agent can neither speak for another nor for a reviewer."""
-    run_obj = access_run(key, run) if run is not None else None
+    run_obj = run_of(key, run, tenant) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
     check_optional_identifier(source, "source", 400)
@@ -314,19 +322,20 @@ def start_run(
 
 
 def add_step(
-    key: AgentKey, run_id: str, *, step_id: str, depends_on: list[str] | None = None
+    key: AgentKey, run_id: str, *, step_id: str, depends_on: list[str] | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
-    run = access_run(key, run_id)
+    run = run_of(key, run_id, tenant)
     step = runs.add_step(run, step_id, depends_on=depends_on or ())
     return shapes.step(step, run=run, depends_on=depends_on or ())
 
 
 def resume(key: AgentKey, run_id: str, *, ttl_seconds: float | None = None,
-           worker: str | None = None) -> dict[str, Any]:
+           worker: str | None = None, tenant: str | None = None) -> dict[str, Any]:
     """Take the run's lease for this key's agent (`<key name>/<worker>` when a worker is
     named, so that two workers of one key fence each other); the view carries the fencing
     `token`."""
-    run = access_run(key, run_id)
+    run = run_of(key, run_id, tenant)
     check_optional_identifier(worker, "worker", 100)
     kwargs = {}
     if ttl_seconds is not None:
@@ -343,8 +352,9 @@ def open_obligation(
     obligation_key: str,
     deadline: datetime | None = None,
     fencing_token: int | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
-    run_obj = access_run(key, run)
+    run_obj = run_of(key, run, tenant)
     check_identifier(obligation_key, "obligation_key", 200)
     obligation = obligations.open(run_obj, kind, obligation_key, deadline=deadline,
                                   fencing_token=fencing_token)
@@ -352,11 +362,13 @@ def open_obligation(
 
 
 def commit_obligation(
-    key: AgentKey, obligation_key: str, *, result: Any, fencing_token: int | None = None
+    key: AgentKey, obligation_key: str, *, result: Any, fencing_token: int | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """Exactly once: a later or concurrent commit gets AlreadyCommitted with the winner's
-    result."""
-    found = access_obligation(key, obligation_key)
+    result. `tenant`: as for `run_of`."""
+    found = access_obligation(
+        key, obligation_key, tenant=None if tenant is None else tenant_for(key, tenant))
     obligation = obligations.commit(found.key, result, fencing_token=fencing_token,
                                     tenant=found.tenant)
     return obligation_dict(obligation, None)

@@ -107,3 +107,27 @@ def test_a_tenant_with_a_colon_never_shares_a_lease_with_another_tenant_s_run(db
     assert (one.lease_resource, two.lease_resource) == ("run:a:b:c", "run:a%3Ab:c")
     runs.resume(one, worker="w1")
     assert runs.resume(two, worker="w2").token == 1
+
+
+def test_a_key_of_two_tenants_names_the_tenant_of_an_id_both_use(make_key, client_for):
+    both = client_for(make_key("both-bot", ["default", "acme"]))
+    for tenant in ("default", "acme"):
+        assert both.post("/api/v1/runs", json={"objective": tenant, "run_id": "shared",
+                                               "tenant": tenant}).status_code == 200
+    assert_problem(both.post("/api/v1/runs/shared/resume", json={}), 422,
+                   detail_has="tenant")
+    assert_problem(both.post("/api/v1/runs/shared/resume?tenant=nobody", json={}), 403,
+                   detail_has="to be granted tenant")
+    resumed = both.post("/api/v1/runs/shared/resume?tenant=acme", json={})
+    assert resumed.status_code == 200 and resumed.json()["tenant"] == "acme", resumed.text
+    token = resumed.json()["token"]
+    step = both.post("/api/v1/runs/shared/steps?tenant=acme", json={"step_id": "s"})
+    assert step.status_code == 200, step.text
+    opened = both.post("/api/v1/obligations", json={"run": "shared", "kind": "refund",
+                                                    "key": "o-1", "tenant": "acme",
+                                                    "fencing_token": token})
+    assert opened.status_code == 200, opened.text
+    committed = both.post("/api/v1/obligations/o-1/commit?tenant=acme",
+                          json={"result": 1, "fencing_token": token})
+    assert committed.status_code == 200 and committed.json()["state"] == "committed"
+    assert runs.as_run("shared", tenant="default").objective == "default"

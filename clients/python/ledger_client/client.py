@@ -459,24 +459,32 @@ class Ledger:
         found.sort(key=lambda r: (r.state_changed_at or "", r.operation_id))
         return found
 
-    def resume(self, run_id: str, *, worker: str,
-               ttl_seconds: float | None = None) -> Receipt:
+    def resume(self, run_id: str, *, worker: str, ttl_seconds: float | None = None,
+               tenant: str | None = None) -> Receipt:
         """Take over the run (its lease, as `<key name>/<worker>`) and get its hand-off
         view: `.token` (pass it to `step(..., fencing_token=)`), `.steps`,
         `.open_operations` (each with its `next_moves`, `approval` and `relied_on`),
-        `.pending_obligations`, `.facts`. LeaseHeld while another worker holds it."""
-        return Receipt(self._sync.send(self._resume(run_id, worker, ttl_seconds)))
+        `.pending_obligations`, `.facts`. LeaseHeld while another worker holds it.
+        `tenant` (default: the client's): the run's, run ids being unique per tenant."""
+        return Receipt(self._sync.send(self._resume(run_id, worker, ttl_seconds, tenant)))
 
-    async def aresume(self, run_id: str, *, worker: str,
-                      ttl_seconds: float | None = None) -> Receipt:
-        return Receipt(await self._async.send(self._resume(run_id, worker, ttl_seconds)))
+    async def aresume(self, run_id: str, *, worker: str, ttl_seconds: float | None = None,
+                      tenant: str | None = None) -> Receipt:
+        return Receipt(await self._async.send(
+            self._resume(run_id, worker, ttl_seconds, tenant)))
 
-    @staticmethod
-    def _resume(run_id: str, worker: str, ttl_seconds: float | None) -> Request:
+    def _resume(self, run_id: str, worker: str, ttl_seconds: float | None,
+                tenant: str | None) -> Request:
         body: dict[str, Any] = {"worker": worker}
         if ttl_seconds is not None:
             body["ttl_seconds"] = ttl_seconds
-        return Request("POST", f"/api/v1/runs/{quote(run_id, safe='')}/resume", body)
+        return Request("POST", f"/api/v1/runs/{quote(run_id, safe='')}/resume", body,
+                       params=self._tenant_param(tenant))
+
+    def _tenant_param(self, tenant: str | None) -> dict[str, str] | None:
+        """`?tenant=` for a path naming a run: the one given, else the client's."""
+        tenant = tenant or self.tenant
+        return {"tenant": tenant} if tenant else None
 
     def start_run(self, objective: str, *, run_id: str | None = None,
                   tenant: str | None = None) -> Receipt:
@@ -484,11 +492,13 @@ class Ledger:
         body = {"objective": objective, "run_id": run_id, "tenant": tenant or self.tenant}
         return Receipt(self._sync.send(Request("POST", "/api/v1/runs", body)))
 
-    def add_step(self, run_id: str, step_id: str, *, depends_on: Iterable[str] = ()) -> Receipt:
-        """Add a step to a run (idempotent)."""
+    def add_step(self, run_id: str, step_id: str, *, depends_on: Iterable[str] = (),
+                 tenant: str | None = None) -> Receipt:
+        """Add a step to a run (idempotent); `tenant` as for `resume`."""
         body = {"step_id": step_id, "depends_on": list(depends_on)}
         return Receipt(self._sync.send(
-            Request("POST", f"/api/v1/runs/{quote(run_id, safe='')}/steps", body)))
+            Request("POST", f"/api/v1/runs/{quote(run_id, safe='')}/steps", body,
+                    params=self._tenant_param(tenant))))
 
 
 # --- a declared action -----------------------------------------------------------------------
