@@ -133,7 +133,7 @@ export declare class Ledger {
   step<T>(runId: string, stepId: string, options: { fencingToken?: number | null }, fn: () => T): T;
   operation(operationId: string): Promise<Receipt>;
   retriesDue(options?: { operation?: string | null; tenant?: string | null }): Promise<Receipt[]>;
-  resume(runId: string, options: { worker: string; ttlSeconds?: number | null }): Promise<Receipt>;
+  resume(runId: string, options: { worker: string; ttlSeconds?: number | null; tenant?: string | null }): Promise<Receipt>;
   startRun(objective: string, options?: { runId?: string | null; tenant?: string | null }): Promise<Receipt>;
-  addStep(runId: string, stepId: string, options?: { dependsOn?: string[] }): Promise<Receipt>;
+  addStep(runId: string, stepId: string, options?: { dependsOn?: string[]; tenant?: string | null }): Promise<Receipt>;
 }

@@ -282,12 +282,14 @@ export class Ledger {
   }
 
   /** Take over the run (its lease) and get its hand-off view: `.token`, `.steps`,
-   * `.open_operations`, `.pending_obligations`, `.facts`. LeaseHeld while another holds it. */
-  async resume(runId, { worker, ttlSeconds = null } = {}) {
+   * `.open_operations`, `.pending_obligations`, `.facts`. LeaseHeld while another holds it.
+   * `tenant` (default: the client's): the run's, run ids being unique per tenant. */
+  async resume(runId, { worker, ttlSeconds = null, tenant = null } = {}) {
     const body = { worker };
     if (ttlSeconds !== null) body.ttl_seconds = ttlSeconds;
     return new Receipt(await this.transport.send({
-      method: "POST", path: `/api/v1/runs/${enc(runId)}/resume`, json: body }));
+      method: "POST", path: `/api/v1/runs/${enc(runId)}/resume`, json: body,
+      params: { tenant: tenant ?? this.tenant } }));
   }
 
   /** Start a run (idempotent on runId). */
@@ -296,10 +298,11 @@ export class Ledger {
       json: { objective, run_id: runId, tenant: tenant ?? this.tenant } }));
   }
 
-  /** Add a step to a run (idempotent). */
-  async addStep(runId, stepId, { dependsOn = [] } = {}) {
+  /** Add a step to a run (idempotent); `tenant` as for `resume`. */
+  async addStep(runId, stepId, { dependsOn = [], tenant = null } = {}) {
     return new Receipt(await this.transport.send({ method: "POST",
-      path: `/api/v1/runs/${enc(runId)}/steps`, json: { step_id: stepId, depends_on: [...dependsOn] } }));
+      path: `/api/v1/runs/${enc(runId)}/steps`, json: { step_id: stepId, depends_on: [...dependsOn] },
+      params: { tenant: tenant ?? this.tenant } }));
   }
 }
 
