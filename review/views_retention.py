@@ -111,17 +111,7 @@ def _set(request, form, *, pattern: str | None, tenant: str | None, edit_pk: int
 @delete_required
 @ledger_errors
 def delete_policy(request, pk: int):
-    try:
-        policy = selectors.access_policy(request.user, pk)
-    except errors.NotFound:
-        return _gone(request, pk)
-    try:
-        retention.delete_policy(policy, user=request.user)
-    except errors.InvalidInput as exc:
-        messages.error(request, f"Nothing deleted: {exc}")
-        return _page(request, status=422) if request.htmx else redirect("review:retention")
-    messages.success(request, f"Deleted policy {policy}.")
-    return _done(request)
+    return _delete(request, pk, selectors.access_policy, retention.delete_policy)
 
 
 @require_POST
@@ -168,12 +158,19 @@ def _set_state(request, form, *, policy):
 @delete_required
 @ledger_errors
 def delete_state_policy(request, pk: int):
+    return _delete(request, pk, selectors.access_state_policy,
+                   retention_state.delete_state_policy)
+
+
+def _delete(request, pk: int, access, delete):
+    """Find policy `pk` with `access(user, pk)` and `delete(policy, user=)` it (audited);
+    an error leaves it and says why."""
     try:
-        policy = selectors.access_state_policy(request.user, pk)
+        policy = access(request.user, pk)
     except errors.NotFound:
         return _gone(request, pk)
     try:
-        retention_state.delete_state_policy(policy, user=request.user)
+        delete(policy, user=request.user)
     except errors.InvalidInput as exc:
         messages.error(request, f"Nothing deleted: {exc}")
         return _page(request, status=422) if request.htmx else redirect("review:retention")
