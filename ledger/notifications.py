@@ -518,17 +518,21 @@ def backoff(attempts: int) -> timedelta:
 def _claim(*, now: datetime, limit: int) -> list[int]:
     lease_until = now + timedelta(seconds=conf.NOTIFY_TIMEOUT_SECONDS) + CLAIM_MARGIN
     with transaction.atomic(durable=True), connection.cursor() as cursor:
+        # The pick is a materialized CTE, evaluated once (as the reconciler's claim is): as
+        # `WHERE id IN (SELECT ... LIMIT n SKIP LOCKED)` a plan that rescans the subquery
+        # could claim more than n batches and push the extra ones past their lease unsent.
         cursor.execute(
-            """UPDATE ledger_notificationbatch SET attempts = attempts + 1,
+            """WITH picked AS MATERIALIZED (
+                   SELECT b.id FROM ledger_notificationbatch b
+                     JOIN ledger_notificationchannel c ON c.id = b.channel_id
+                    WHERE b.status = 'pending' AND b.next_attempt_at <= %s AND c.is_active
+                    ORDER BY b.next_attempt_at, b.id
+                    LIMIT %s
+                      FOR UPDATE OF b SKIP LOCKED)
+               UPDATE ledger_notificationbatch n SET attempts = n.attempts + 1,
                       next_attempt_at = %s
-                WHERE id IN (SELECT b.id FROM ledger_notificationbatch b
-                               JOIN ledger_notificationchannel c ON c.id = b.channel_id
-                              WHERE b.status = 'pending' AND b.next_attempt_at <= %s
-                                AND c.is_active
-                              ORDER BY b.next_attempt_at, b.id
-                              LIMIT %s
-                                FOR UPDATE OF b SKIP LOCKED)
-            RETURNING id""", [lease_until, now, limit])
+                 FROM picked WHERE n.id = picked.id
+            RETURNING n.id""", [now, limit, lease_until])
         return sorted(row[0] for row in cursor.fetchall())
 
 
