@@ -437,12 +437,21 @@ def _insert_new_items(channel: NotificationChannel, batch: NotificationBatch, ca
 
 
 def _collect_channel(channel_id: int, *, now: datetime) -> NotificationBatch | None:
-    """One channel's new items as one batch, or None. Locks the channel (SKIP LOCKED: a
-    channel another worker is collecting is left to it); the unique constraint on
-    (channel, reason, item) decides what is new even without the lock."""
+    """One channel's new items as one batch, or None. Holds the channel's collecting lock
+    for the transaction (a channel another worker is collecting is left to it); the unique
+    constraint on (channel, reason, item) decides what is new even without the lock.
+
+    The lock is an advisory one on (the channel table, the channel's id), not a row lock:
+    `FOR UPDATE` needs the UPDATE privilege, which the notification loop's role
+    (ledger_reconciler) is not granted on channels (they are the desk's)."""
     with transaction.atomic(durable=True):
-        channel = (NotificationChannel.objects.select_for_update(skip_locked=True)
-                   .filter(pk=channel_id, is_active=True).first())
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock("
+                           "'ledger_notificationchannel'::regclass::oid::integer, %s)",
+                           [channel_id])
+            if not cursor.fetchone()[0]:
+                return None
+        channel = NotificationChannel.objects.filter(pk=channel_id, is_active=True).first()
         if channel is None:
             return None
         candidates = _candidates_sql(channel)

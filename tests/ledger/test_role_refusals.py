@@ -139,3 +139,32 @@ call("by_sweep", sweep({submitted.pk}))
 """)
     assert found["by_sweep"] == ["accepted", None, ""]
     assert Operation.objects.get(pk=submitted.pk).state == State.OUTCOME_UNKNOWN
+
+
+def test_a_notify_pass_runs_under_the_reconciler_login():
+    """The notification loop logs in as a reconciler (make serve's ledger_notify): it
+    collects and delivers without UPDATE on the desk's channels (its lock is advisory)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger import notifications
+    from ledger.models import NotificationBatch
+
+    admin = UserFactory(username="channels-admin", role="admin")
+    notifications.create_channel("oncall-mail", user=admin, kind="email", pattern="*",
+                                 recipients=["oncall@example.com"])
+    OperationFactory(state=State.OUTCOME_UNKNOWN)
+    later = (timezone.now() + timedelta(minutes=5)).isoformat()
+    found = run_as(TEST_LOGINS["reconciler"], f"""
+from datetime import datetime
+from django.db import connection
+from ledger import notifications
+with connection.cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    login = cursor.fetchone()[0]
+result = {{"login": login, "pass": notifications.run_once(
+    worker="role", now=datetime.fromisoformat({later!r}))}}
+""")
+    assert found == {"login": TEST_LOGINS["reconciler"], "pass": [1, 1]}
+    assert NotificationBatch.objects.get().status == "delivered"
