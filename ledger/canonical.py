@@ -185,16 +185,28 @@ def _is_redacted(value: str) -> bool:
     return value.strip("\"'") == REDACTED
 
 
-def _pair(match: re.Match) -> str:
-    name, value = match["name"], match["value"]
-    if is_secret_key(name) or name.lower() in _SECRET_PARAMS:
+def _pairs(text: str) -> str:
+    """`text` with the value of every pair whose name is a secret's (`_PAIR`) redacted.
+
+    A pair whose name is not a secret's consumes nothing but its name: its value may start
+    a pair of its own that runs past it ("x:y/Cookie: sessionid=..."), which a substitution
+    would have skipped on this scrub and found on the next."""
+    out, pos = [], 0
+    while (match := _PAIR.search(text, pos)) is not None:
+        name, value = match["name"], match["value"]
+        if not (is_secret_key(name) or name.lower() in _SECRET_PARAMS):
+            out.append(text[pos:match.end("head")])
+            pos = match.end("head")
+            continue
+        out.append(text[pos:match.start()])
         if _is_redacted(value):
-            return match[0]
-        quote = value[0] if value[0] in "\"'" else ""
-        return f"{match['head']}{match['scheme'] or ''}{quote}{REDACTED}{quote}"
-    # Not a secret name: what follows it may still hold a pair of its own.
-    head = match["head"]
-    return head + _PAIR.sub(_pair, match[0][len(head):])
+            out.append(match[0])
+        else:
+            quote = value[0] if value[0] in "\"'" else ""
+            out.append(f"{match['head']}{match['scheme'] or ''}{quote}{REDACTED}{quote}")
+        pos = match.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _scheme(match: re.Match) -> str:
@@ -223,7 +235,7 @@ def scrub_text(text: Any) -> Any:
     text = _PEM_BLOCK.sub(REDACTED, text)
     text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
     text = _COOKIE_LINE.sub(lambda m: m[1] + REDACTED, text)
-    text = _PAIR.sub(_pair, text)
+    text = _pairs(text)
     text = _SCHEME.sub(_scheme, text)
     text = _NAMED_VALUE.sub(_named_value, text)
     text = _PROSE_PASSWORD.sub(_prose_password, text)

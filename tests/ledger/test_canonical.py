@@ -1,7 +1,7 @@
 """The scrubber: credentials in free text and in every string of JSON become REDACTED."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ledger.canonical import REDACTED, fingerprint, redact, scrub_text
@@ -85,6 +85,10 @@ _FRAGMENTS = [t for t, _, _ in SECRET_SHAPES] + ORDINARY + [
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=12), max_size=8))
+# Found by a CI run: a pair whose name is not a secret's ("...9https:") used to swallow the
+# start of the next pair ("xCookie: sessionid=..."), redacted only on a second scrub.
+@example(["restricted rk_live_RkLiveSecret9", "https://deploy:Pa55-userinfo@api.example/x",
+          "Cookie: sessionid=Ck1; theme=dark\nAccept: */*"])
 def test_scrubbing_twice_changes_nothing_more(parts):
     once = scrub_text("".join(parts))
     assert scrub_text(once) == once
