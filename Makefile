@@ -64,11 +64,11 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # Migrations first: a model, or the transition table behind the operations trigger
-# (ledger/states.py), changed without its migration fails here.
+# (ledger/states.py), changed without its migration fails here. The documentation site is
+# built strictly by the suite itself (tests/test_docs.py), once.
 test: install
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 # The TypeScript client (clients/typescript): `npm ci` (no dependencies: offline) and its
 # tests under node's test runner against a real server of this tree, on a database of their

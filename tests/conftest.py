@@ -1,6 +1,25 @@
 import pytest
+from django.db import connections, transaction
+from django.test import TransactionTestCase
 
 from tests.factories import OperationFactory, UserFactory
+
+# Tests whose outcome depends on which PostgreSQL server runs them and how the suite logs in
+# to it (the embedded server's bootstrap, DATABASE_URL, the roles and logins db_roles makes,
+# refusals as each role): CI runs the whole suite on the embedded server, then these again
+# on the machine's server (`pytest -m server`).
+SERVER_DEPENDENT = {
+    "tests/test_database_setup.py", "tests/test_settings.py", "tests/test_serve.py",
+    "tests/ledger/test_db_roles.py", "tests/ledger/test_role_refusals.py",
+    "tests/ledger/test_app_role_attacks.py", "tests/api/test_web_roles.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        if item.path.relative_to(root).as_posix() in SERVER_DEPENDENT:
+            item.add_marker(pytest.mark.server)
 
 
 @pytest.fixture
@@ -43,3 +62,64 @@ def django_db_setup(django_db_setup, django_db_blocker):
         db_roles.apply(logins=[(TEST_LOGINS[kind], (kind,)) for kind in db_roles.KINDS]
                        + [(TEST_LOGINS["web"], (db_roles.AGENT, db_roles.DESK))]
                        + DEMO_LOGINS)
+        _BOOTSTRAP.update(_bootstrap_rows())
+
+
+# What migrate's post_migrate receivers left in the test database (content types,
+# permissions, the role groups, the default retention policies), by table, read once after
+# set-up. Django's teardown of a transactional test truncates all 70-odd tables and runs
+# post_migrate again: 1.5-2.5 s a test on this suite's machine, for a few hundred tests.
+# `_flush_keeping_bootstrap` truncates only the tables a test wrote (CASCADE brings the
+# tables that reference them) and puts back the set-up rows that were lost, ids included.
+_BOOTSTRAP: dict[str, tuple[str, str]] = {}  # table -> (rows as JSON, digest of the rows)
+
+
+def _digest_sql(quoted: str) -> str:
+    return f"(SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {quoted} t)"
+
+
+def _tables(connection) -> list[str]:
+    return sorted(connection.introspection.django_table_names(only_existing=True,
+                                                              include_views=False))
+
+
+def _bootstrap_rows(using: str = "default") -> dict[str, tuple[str, str]]:
+    connection = connections[using]
+    rows = {}
+    with connection.cursor() as cursor:
+        for table in _tables(connection):
+            quoted = connection.ops.quote_name(table)
+            cursor.execute(f"SELECT (SELECT jsonb_agg(t)::text FROM {quoted} t), "
+                           f"{_digest_sql(quoted)}")
+            text, digest = cursor.fetchone()
+            if text is not None:
+                rows[table] = (text, digest)
+    return rows
+
+
+def _flush_keeping_bootstrap(self) -> None:
+    """TransactionTestCase's teardown (replaces Django's flush + post_migrate): empties every
+    table a test left rows in and restores the set-up rows (see _BOOTSTRAP)."""
+    for using in self._databases_names(include_mirrors=False):
+        connection = connections[using]
+        quote = connection.ops.quote_name
+        tables = _tables(connection)
+        probes = [f"{_digest_sql(quote(t))} <> %s" if t in _BOOTSTRAP
+                  else f"EXISTS (SELECT 1 FROM {quote(t)})" for t in tables]
+        params = [_BOOTSTRAP[t][1] for t in tables if t in _BOOTSTRAP]
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT ARRAY[{', '.join(probes)}]", params)
+            written = [t for t, dirty in zip(tables, cursor.fetchone()[0], strict=True) if dirty]
+            if not written:
+                continue
+            with transaction.atomic(using=using):  # deferred foreign keys: any table order
+                cursor.execute(f"TRUNCATE {', '.join(quote(t) for t in written)} CASCADE")
+                for table, (text, digest) in _BOOTSTRAP.items():
+                    cursor.execute(f"SELECT {_digest_sql(quote(table))} = %s", [digest])
+                    if not cursor.fetchone()[0]:  # truncated, or by CASCADE
+                        cursor.execute(f"INSERT INTO {quote(table)} SELECT * FROM "
+                                       f"jsonb_populate_recordset(NULL::{quote(table)}, %s)",
+                                       [text])
+
+
+TransactionTestCase._fixture_teardown = _flush_keeping_bootstrap

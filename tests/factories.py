@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import cache
 
 import factory
 from django.contrib.auth.models import Group, User
@@ -106,6 +107,25 @@ class RunFactory(factory.django.DjangoModelFactory):
     objective = factory.Sequence(lambda n: f"Publish article batch {n}")
 
 
+PASSWORD = "correct horse battery staple"
+
+
+def hashed_password(raw: str) -> str:
+    """`raw` hashed by the configured hasher, once a session per password and hasher: PBKDF2
+    at Django's iterations costs about half a second, and a run makes about a thousand users.
+    Logging in still checks the password with the real hasher."""
+    from django.conf import settings
+
+    return _hashed(raw, settings.PASSWORD_HASHERS[0])
+
+
+@cache
+def _hashed(raw: str, hasher: str) -> str:
+    from django.contrib.auth.hashers import make_password
+
+    return make_password(raw)
+
+
 class UserFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = User
@@ -113,7 +133,12 @@ class UserFactory(factory.django.DjangoModelFactory):
         skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.django.Password("correct horse battery staple")
+    password = PASSWORD  # hashed once per distinct password by _adjust_kwargs
+
+    @classmethod
+    def _adjust_kwargs(cls, **kwargs):
+        kwargs["password"] = hashed_password(kwargs["password"])
+        return kwargs
 
     @factory.post_generation
     def role(self, create, extracted, **kwargs):

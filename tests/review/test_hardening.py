@@ -15,6 +15,13 @@ from tests.factories import OperationFactory, UserFactory
 PASSWORD = "correct horse battery staple"
 
 
+@pytest.fixture(autouse=True)
+def quick_hasher(settings):
+    """Every login attempt runs the hasher; what these tests count is attempts, not hashing
+    (tests/review/test_permissions.py logs in through the real hasher's full cost)."""
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.QuickPBKDF2PasswordHasher"]
+
+
 @pytest.fixture
 def alice(db):
     user = UserFactory(username="alice", role="reviewer")
