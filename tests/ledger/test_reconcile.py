@@ -31,7 +31,9 @@ def _answer(op, spec):
     observed = {"seen": kind, "headers": {"Authorization": "Bearer sk-live-123"}}
     return {
         "none": lambda: None,
-        "found": lambda: reconcile.Found(arg or "ext-1", observed),
+        # The service records keys: what it found carries this operation's.
+        "found": lambda: reconcile.Found(arg or "ext-1", observed,
+                                         idempotency_key=op.idempotency_key),
         "absent": lambda: reconcile.ProvenAbsent(observed),
         "ambiguous": lambda: reconcile.Ambiguous({"matches": ["a", "b"]}, reason="two matches",
                                                  matched_by="fingerprint"),
@@ -44,6 +46,9 @@ def _answer(op, spec):
 class Scripted(reconcile.Reconciler):
     backoff_initial = timedelta(0)
     grace_period = timedelta(days=1)
+    # The "service" is the script in each intent: its absence is what the test says it is.
+    # Controls and blind readers: tests/ledger/test_blind_verifier.py.
+    trusted_absence = "a scripted test double: the intent says what the service shows"
 
     def lookup(self, op):
         CALLS.append(("lookup", op.operation_id))
