@@ -21,6 +21,9 @@ reconciler's `canary`). A reader that cannot is blind (evidence `verifier_blind`
 the control): the operation stays outcome_unknown, then manual_review after `max_failures`
 such readings, never safe_to_retry. With no control yet on the target, absence counts only
 when the reconciler declares why its "not found" is trustworthy (`trusted_absence`).
+LEDGER_UNKNOWN_OUTCOME_POLICIES tunes this per operation name (`unknown_outcome_policy`):
+whether a proven absence may become safe_to_retry without a person at all, the readings
+before manual_review, and how long NotYet may last.
 
 The operations table is the queue. A worker claims one operation with `SELECT ... FOR
 UPDATE SKIP LOCKED`, moves it to `reconciling` under the lease `reconcile:<operation_id>`,
@@ -42,6 +45,7 @@ Nothing here ever sends, retries or writes to the external system.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import logging
 import threading
@@ -589,6 +593,52 @@ def _control_reading(read: Any) -> dict[str, Any]:
     return reading
 
 
+# --- the policy per operation name for unknown outcomes ------------------------------------
+
+
+@dataclass(frozen=True)
+class UnknownOutcomePolicy:
+    """What an unproven outcome of an operation name may become (`unknown_outcome_policy`).
+
+    `automatic_retry`: whether a proven absence may become safe_to_retry without a person
+    (False, say for payments: it goes to manual_review, the evidence kept); `attempts`:
+    failed or blind readings before manual_review (None: the reconciler's `max_failures`,
+    else LEDGER_RECONCILE_MAX_FAILURES); `window`: how long NotYet may last, from
+    `unknown_since` (None: the reconciler's `grace_period`). `pattern`: the setting's key
+    it came from ("" for the defaults).
+    """
+
+    pattern: str = ""
+    automatic_retry: bool = True
+    attempts: int | None = None
+    window: timedelta | None = None
+
+
+def unknown_outcome_policy(operation: str) -> UnknownOutcomePolicy:
+    """The policy of `operation` from LEDGER_UNKNOWN_OUTCOME_POLICIES: its exact name, else
+    the matching pattern with the most literal characters; the defaults when none matches."""
+    best: tuple[tuple[bool, int], str, dict[str, Any]] | None = None
+    for pattern, spec in conf.UNKNOWN_OUTCOME_POLICIES.items():
+        if not fnmatch.fnmatchcase(operation, pattern):
+            continue
+        rank = (pattern == operation, len(pattern.replace("*", "").replace("?", "")))
+        if best is None or rank > best[0]:
+            best = (rank, pattern, spec)
+    if best is None:
+        return UnknownOutcomePolicy()
+    _, pattern, spec = best
+    window = spec.get("window_seconds")
+    return UnknownOutcomePolicy(
+        pattern=pattern, automatic_retry=spec.get("automatic_retry", True),
+        attempts=spec.get("attempts"),
+        window=timedelta(seconds=window) if window is not None else None,
+    )
+
+
+def _attempts(cls: type[Reconciler], policy: UnknownOutcomePolicy) -> int:
+    return policy.attempts or cls.max_failures or conf.RECONCILE_MAX_FAILURES
+
+
 # --- claiming ------------------------------------------------------------------------------
 
 
@@ -722,6 +772,7 @@ def _decide(
     op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime
 ) -> tuple[str, str, dict[str, Any]]:
     attempts = op.reconcile_attempts + 1
+    policy = unknown_outcome_policy(op.operation)
     changes: dict[str, Any] = {"reconcile_attempts": attempts, "next_attempt_at": None}
     conflict = conflict_for(outcome.verdict, outcome.observed)
     if conflict or op.conflict == Conflict.AMBIGUOUS:
@@ -739,6 +790,10 @@ def _decide(
                     f"absent, but attempt {op.attempt} may still be in flight until "
                     f"{op.in_flight_until.isoformat()}: not proof; next attempt then",
                     changes)
+        if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN and not policy.automatic_retry:
+            return (State.MANUAL_REVIEW,
+                    f"proven absent, but the unknown-outcome policy for {policy.pattern!r} "
+                    "sends no retry without a person: a person decides", changes)
         if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN:
             return State.SAFE_TO_RETRY, "proven absent: safe to retry", changes
         return (State.MANUAL_REVIEW,
@@ -746,13 +801,14 @@ def _decide(
     if verdict in (AMBIGUOUS, NO_RECONCILER):
         return State.MANUAL_REVIEW, outcome.detail, changes
     if verdict == VERIFIER_BLIND:
-        return _unproven(op, outcome, cls, now, attempts, changes)
+        return _unproven(op, outcome, cls, now, attempts, changes, _attempts(cls, policy))
     if verdict == NOT_YET:
         unknown_since = op.unknown_since or op.state_changed_at
-        grace_end = unknown_since + cls.grace_period
+        grace = policy.window or cls.grace_period
+        grace_end = unknown_since + grace
         if now >= grace_end:
             return (State.MANUAL_REVIEW,
-                    f"still not visible after the grace period of {cls.grace_period} "
+                    f"still not visible after the grace period of {grace} "
                     f"(unknown since {unknown_since.isoformat()})", changes)
         changes["next_attempt_at"] = min(now + _backoff(cls, attempts), grace_end)
         return (State.OUTCOME_UNKNOWN,
@@ -760,7 +816,7 @@ def _decide(
                 changes)
     # ERROR
     failures = op.reconcile_failures + 1
-    limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
+    limit = _attempts(cls, policy)
     changes["reconcile_failures"] = failures
     if failures >= limit:
         return (State.MANUAL_REVIEW,
@@ -772,7 +828,8 @@ def _decide(
 
 
 def _unproven(op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime,
-              attempts: int, changes: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+              attempts: int, changes: dict[str, Any],
+              limit: int) -> tuple[str, str, dict[str, Any]]:
     """A blind reading: never safe_to_retry. Inside the in-flight window it proves nothing
     anyway (next attempt then, not counted); after it, counted as a failure of the reader,
     outcome_unknown with backoff until `max_failures`, then manual_review."""
@@ -782,7 +839,6 @@ def _unproven(op: Operation, outcome: Outcome, cls: type[Reconciler], now: datet
                 f"unproven, and attempt {op.attempt} may still be in flight until "
                 f"{op.in_flight_until.isoformat()}: {outcome.detail}"[:2000], changes)
     failures = op.reconcile_failures + 1
-    limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
     changes["reconcile_failures"] = failures
     if failures >= limit:
         return (State.MANUAL_REVIEW,

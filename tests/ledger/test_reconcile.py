@@ -540,3 +540,41 @@ def test_a_claim_is_three_statements_and_a_verdict_four():
     assert len(statements(settling)) == 4, statements(settling)
     op.refresh_from_db()
     assert (op.state, op.external_id) == (State.SUCCEEDED, "ext-7")
+
+
+# --- the unknown-outcome policy per operation name ------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_policy_without_automatic_retry_sends_a_proven_absence_to_a_person(settings):
+    settings.LEDGER_UNKNOWN_OUTCOME_POLICIES = {"test.*": {"automatic_retry": False},
+                                                "other.*": {"attempts": 9}}
+    op = unknown("absent")
+    finished, [ev] = reconcile_one(op)
+    assert (finished, op.state, ev.verdict) == (1, State.MANUAL_REVIEW, "proven_absent")
+    assert "unknown-outcome policy for 'test.*' sends no retry without a person" in \
+        last_event(op).reason
+
+
+@pytest.mark.django_db
+def test_a_policy_sets_the_readings_before_manual_review_the_exact_name_first(settings):
+    settings.LEDGER_UNKNOWN_OUTCOME_POLICIES = {"test.*": {"attempts": 5},
+                                                "test.scripted": {"attempts": 1}}
+    assert reconcile.unknown_outcome_policy("test.scripted").attempts == 1
+    assert reconcile.unknown_outcome_policy("test.other").attempts == 5
+    assert reconcile.unknown_outcome_policy("mail.send") == reconcile.UnknownOutcomePolicy()
+    op = unknown("raise")
+    _, [ev] = reconcile_one(op)
+    assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "error")
+    assert "reconciler failed 1 times (limit 1)" in last_event(op).reason
+
+
+@pytest.mark.django_db
+def test_a_policy_window_ends_not_yet_sooner_than_the_reconcilers_grace(settings, monkeypatch):
+    settings.LEDGER_UNKNOWN_OUTCOME_POLICIES = {"test.scripted": {"window_seconds": 60}}
+    op = unknown("notyet")
+    moment = timezone.now() + timedelta(seconds=61)  # Scripted's own grace: a day
+    monkeypatch.setattr(reconcile.timezone, "now", lambda: moment)
+    _, [ev] = reconcile_one(op)
+    assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "not_yet")
+    assert "grace period of 0:01:00" in last_event(op).reason
