@@ -578,3 +578,29 @@ def test_a_policy_window_ends_not_yet_sooner_than_the_reconcilers_grace(settings
     _, [ev] = reconcile_one(op)
     assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "not_yet")
     assert "grace period of 0:01:00" in last_event(op).reason
+
+
+# --- blind readings inside the in-flight window ------------------------------------------------
+
+
+@reconcile.register("test.sees-nothing")
+class SeesNothing(reconcile.Reconciler):
+    """Absent for everything, and declares nothing: with no control it proves nothing."""
+
+    def lookup(self, op):
+        return reconcile.ProvenAbsent({"matches": []})
+
+
+@pytest.mark.django_db
+def test_a_blind_reading_inside_the_in_flight_window_waits_for_it_uncounted():
+    from ledger import receipts
+
+    op = receipts.record_intent("test.sees-nothing", "https://svc.example/x", {"n": 1})
+    receipts.mark_submitted(op, in_flight_for=timedelta(seconds=60))
+    op = receipts.mark_outcome_unknown(op, error_code="Timeout")
+    _, [ev] = reconcile_one(op)
+    assert (op.state, ev.verdict, op.reconcile_failures) == (State.OUTCOME_UNKNOWN,
+                                                             "verifier_blind", 0)
+    assert op.next_attempt_at == op.in_flight_until
+    assert ev.observed["positive_control"] == {"status": "none"}
+    assert "may still be in flight" in last_event(op).reason
