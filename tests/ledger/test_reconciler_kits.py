@@ -470,3 +470,19 @@ def test_list_and_match_a_lone_match_without_a_key_is_ambiguous_unless_the_servi
     else:
         assert (op.state, op.external_id, ev.verdict) == (State.SUCCEEDED, by_hand["id"],
                                                           "found")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"trusted_absence": True}, "expected trusted_absence to be the reason, in words"),
+    ({"canary": {"intent": {"title": "x"}}}, "expected canary to be a dict naming an "
+                                             "idempotency_key or an external_id"),
+    ({"canary": {"external_id": "a-1", "account": "x"}}, r"found \['account'\]"),
+])
+def test_the_kits_refuse_a_malformed_control_declaration(arguments, message):
+    for make in (lambda: reconcilers.http_lookup(None, url="https://svc.example/{idempotency_key}",
+                                                 **arguments),
+                 lambda: reconcilers.list_and_match(None, listing=list, match=("t",),
+                                                    **arguments),
+                 lambda: reconcilers.function_lookup(None, find=len, **arguments)):
+        with pytest.raises(InvalidInput, match=message):
+            make()
