@@ -47,6 +47,16 @@ SETTINGS: dict[str, Setting] = {
         "Reconciler errors in a row after which an operation goes to manual_review "
         "(a reconciler's own `max_failures` wins).",
     ),
+    "UNKNOWN_OUTCOME_POLICIES": Setting(
+        {}, "mapping of operation patterns to unknown-outcome policies",
+        "Per operation name (or pattern, `payments.*`), what an unproven outcome may become "
+        "(ledger.reconcile.unknown_outcome_policy): {'automatic_retry': False} sends every "
+        "proven absence to a person instead of safe_to_retry; 'attempts': failed or blind "
+        "readings before manual_review (instead of the reconciler's max_failures); "
+        "'window_seconds': how long NotYet may last before manual_review (instead of the "
+        "reconciler's grace_period). Left out: automatic retry as the retry policy allows, "
+        "and the reconciler's own numbers.",
+    ),
     "STALE_SUBMISSION_SECONDS": Setting(
         600, "positive integer",
         "Age after which a `submitted` operation whose run holds no live lease is swept to "
@@ -181,6 +191,12 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
     elif setting.kind == "boolean":
         if isinstance(value, bool):
             return None
+    elif setting.kind == "mapping of operation patterns to unknown-outcome policies":
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and k.strip() and _unknown_outcome_policy(v)
+            for k, v in value.items()
+        ):
+            return None
     elif setting.kind == "mapping of names to secrets":
         if isinstance(value, dict) and all(
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
@@ -195,6 +211,16 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
             type(value).__name__)
         return f"expected LEDGER_{name} to be a {setting.kind}, found {value}"
     return f"expected LEDGER_{name} to be a {setting.kind}, found {value!r}"
+
+
+def _unknown_outcome_policy(value: Any) -> bool:
+    def positive(n):
+        return isinstance(n, int) and not isinstance(n, bool) and n > 0
+
+    return (isinstance(value, dict)
+            and set(value) <= {"automatic_retry", "attempts", "window_seconds"}
+            and isinstance(value.get("automatic_retry", True), bool)
+            and all(positive(value[k]) for k in ("attempts", "window_seconds") if k in value))
 
 
 def _formats(template: str) -> bool:

@@ -20,6 +20,13 @@ whole (the test pins the query count of a scrape):
 - `ledger_sealer_lag_seconds{tenant}` / `ledger_unsealed_events{tenant}` /
   `ledger_sealer_max_lag_seconds`: how far the audit chain trails the committed events
   (`ledger.chain.unsealed`, over the partial index of unsealed events).
+- `ledger_reconciler_blind{tenant,operation,target}` (1: a reader found nothing and could
+  not find its positive control either, in the last `WINDOW`),
+  `ledger_reconciler_blind_readings{tenant,operation,target,control}` (those readings,
+  `control` "not_seen" or "none": no control yet and no declared trusted absence) and
+  `ledger_unproven_blind_operations{tenant,operation,target}` (waiting operations whose last
+  reading was blind): `ledger.reconcile.check_absence`, over the partial index of blind
+  evidence and the waiting states, in one query.
 """
 
 from __future__ import annotations
@@ -173,3 +180,50 @@ def sealer_lag(now: datetime) -> Iterable[Metric]:
     yield GaugeMetricFamily("ledger_sealer_max_lag_seconds",
                             "The sealer lag of the tenant furthest behind (0 when none)",
                             value=max((tail.age_seconds(now) for tail in tails), default=0.0))
+
+
+# Waiting states in which an operation's last reading may have been blind.
+_UNPROVEN_STATES = [State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW]
+
+
+@register
+def blind_verifiers(now: datetime) -> Iterable[Metric]:
+    window = int(WINDOW.total_seconds())
+    blind = GaugeMetricFamily(
+        "ledger_reconciler_blind",
+        f"1 when, in the last {window} s, a reconciler found nothing for an operation and "
+        "could not find its positive control either: its not-found proves nothing",
+        labels=["tenant", "operation", "target"])
+    readings = GaugeMetricFamily(
+        "ledger_reconciler_blind_readings",
+        f"Readings in the last {window} s whose not-found was not backed by a positive "
+        "control (control: not_seen, the control was not found; none, no control yet and "
+        "no declared trusted absence)", labels=["tenant", "operation", "target", "control"])
+    waiting = GaugeMetricFamily(
+        "ledger_unproven_blind_operations",
+        "Waiting operations (outcome_unknown, reconciling, manual_review) whose last "
+        "reading was blind", labels=["tenant", "operation", "target"])
+    shown_blind = set()
+    for kind, tenant, operation, target, control, count in _rows(
+        """SELECT 'recent', o.tenant, o.operation, o.target,
+                  coalesce(e.observed -> 'positive_control' ->> 'status', ''), count(*)
+             FROM ledger_evidence e JOIN ledger_operation o ON o.id = e.operation_id
+            WHERE e.verdict = 'verifier_blind' AND e.created_at > %s
+            GROUP BY 2, 3, 4, 5
+           UNION ALL
+           SELECT 'waiting', o.tenant, o.operation, o.target, '', count(*)
+             FROM ledger_operation o
+             CROSS JOIN LATERAL (SELECT e.verdict FROM ledger_evidence e
+                                  WHERE e.operation_id = o.id
+                                  ORDER BY e.created_at DESC, e.id DESC LIMIT 1) last
+            WHERE o.state = ANY(%s) AND last.verdict = 'verifier_blind'
+            GROUP BY 2, 3, 4
+            ORDER BY 1, 2, 3, 4, 5""", [now - WINDOW, _UNPROVEN_STATES]):
+        if kind == "waiting":
+            waiting.add_metric([tenant, operation, target], count)
+            continue
+        readings.add_metric([tenant, operation, target, control], count)
+        if control == "not_seen" and (tenant, operation, target) not in shown_blind:
+            shown_blind.add((tenant, operation, target))
+            blind.add_metric([tenant, operation, target], 1)
+    yield from (blind, readings, waiting)

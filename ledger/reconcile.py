@@ -14,6 +14,17 @@ the operation:
                     period (from `unknown_since`) ends; then manual_review
     no reconciler, or `max_failures` exceptions in a row -> manual_review
 
+A "not found" counts only once the reader has shown it can see (`check_absence`): the same
+reconciler, in the same look-up, must find a positive control, an effect the ledger knows
+is there (the latest succeeded operation of the same name on the same target, or the
+reconciler's `canary`). A reader that cannot is blind (evidence `verifier_blind`, naming
+the control): the operation stays outcome_unknown, then manual_review after `max_failures`
+such readings, never safe_to_retry. With no control yet on the target, absence counts only
+when the reconciler declares why its "not found" is trustworthy (`trusted_absence`).
+LEDGER_UNKNOWN_OUTCOME_POLICIES tunes this per operation name (`unknown_outcome_policy`):
+whether a proven absence may become safe_to_retry without a person at all, the readings
+before manual_review, and how long NotYet may last.
+
 The operations table is the queue. A worker claims one operation with `SELECT ... FOR
 UPDATE SKIP LOCKED`, moves it to `reconciling` under the lease `reconcile:<operation_id>`,
 calls the reconciler outside any transaction, then writes the verdict, its `Evidence` row,
@@ -34,6 +45,7 @@ Nothing here ever sends, retries or writes to the external system.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import logging
 import threading
@@ -43,10 +55,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import MD5
 from django.utils import timezone
 
 from ledger import conf, durations, leases, rows, transitions
-from ledger.canonical import redact, scrub_text
+from ledger.canonical import canonical_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
 from ledger.inputs import (
     check_duration,
@@ -72,6 +86,8 @@ AMBIGUOUS = "ambiguous"
 NOT_YET = "not_yet"
 ERROR = "error"
 NO_RECONCILER = "no_reconciler"
+# An absence the reader could not back with a positive control (check_absence).
+VERIFIER_BLIND = "verifier_blind"
 MATCHED_BY = ("idempotency_key", "external_id", "fingerprint", "")
 
 
@@ -152,11 +168,23 @@ class Reconciler:
     take the operation over), `max_failures` (None: `LEDGER_RECONCILE_MAX_FAILURES`).
     `service_has_keys` (default True): the service records idempotency keys, so a match
     under another key than the operation's is not its effect (Found carrying another
-    `idempotency_key` is taken as Ambiguous); False for a service without keys.
+    `idempotency_key` is taken as Ambiguous), nor is a fingerprint match that carries no
+    key at all (a look-alike made another way: Found from `search` without
+    `idempotency_key` is Ambiguous too); False for a service without keys.
+
+    Positive controls (`check_absence`): `trusted_absence` says, in words a reviewer reads,
+    why this reader's "not found" is proof while no control exists yet on a target (say
+    "GET /by-key/<key> answers 404 only for keys it never saw"); "" (the default): it is
+    not, and the first operation on a target is never proven absent. `canary`: a control
+    of your own, always present at the service, instead of the latest succeeded operation:
+    a dict (`idempotency_key`, `external_id`, `intent`, optional `target`) or a function
+    of the operation returning one (or None). `read_control(control, method)` reads it.
     """
 
     name = ""
     service_has_keys = True
+    trusted_absence = ""
+    canary: dict[str, Any] | Callable[[Operation], dict[str, Any] | None] | None = None
     grace_period = timedelta(minutes=5)
     backoff_initial = timedelta(seconds=10)
     backoff_max = timedelta(minutes=2)
@@ -181,6 +209,21 @@ class Reconciler:
         service that records the key without enforcing it).
         """
         return self.search(op)
+
+    def read_control(self, control: Operation, method: str) -> Verdict | None:
+        """Read the positive control `control` as `method` ("lookup" or "search") has just
+        read the operation: the same reader, credentials and account. It shows the reader
+        can see when it answers Found with the control's external id. Override it only to
+        read the control through the very request that read the operation."""
+        return getattr(self, method)(control)
+
+    def absence_trusted_because(self, method: str) -> str:
+        """Why an absence `method` read is proof while no control exists ("": it is not)."""
+        return self.trusted_absence
+
+    def canary_for(self, op: Operation) -> dict[str, Any] | None:
+        """The configured control for `op` (`canary`), or None."""
+        return self.canary(op) if callable(self.canary) else self.canary
 
     @classmethod
     def label(cls) -> str:
@@ -286,7 +329,10 @@ def consult(op: Operation) -> Outcome:
         if verdict is None:
             method = "search"
             verdict = reconciler.search(op)
-        return _outcome(op, cls, method, verdict)
+        outcome = _outcome(op, cls, method, verdict)
+        if outcome.verdict == PROVEN_ABSENT:
+            outcome = check_absence(reconciler, op, method, outcome)
+        return outcome
     except Exception as exc:  # a reconciler's failure is evidence, not a crash of the loop
         return error_outcome(op, cls, method, exc, doing="raised")
 
@@ -347,7 +393,11 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
                                f"found {type(found_key).__name__}")
         other_key = (bool(found_key) and cls.service_has_keys
                      and found_key != op.idempotency_key)
-        if (op.external_id and op.external_id != external_id) or other_key:
+        # A look-alike: the content matches, but on a service whose items carry keys this
+        # one carries none (made by hand, by another tool). A re-read only counts effects.
+        keyless = (not found_key and cls.service_has_keys and matched_by == "fingerprint"
+                   and method != "reread")
+        if (op.external_id and op.external_id != external_id) or other_key or keyless:
             # Both ids, side by side, for the person who decides.
             ids = {"found": {"external_id": external_id, "idempotency_key": found_key or ""},
                    "operation": {"external_id": op.external_id,
@@ -357,7 +407,11 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
                       if op.external_id and op.external_id != external_id else
                       f"found {external_id} by {matched_by}, but under idempotency key "
                       f"{found_key}, not this operation's {op.idempotency_key}: done another "
-                      "way? a person decides")
+                      "way? a person decides" if found_key else
+                      f"found {external_id} by fingerprint, but it carries no idempotency "
+                      f"key, where this service's items carry one (this operation's is "
+                      f"{op.idempotency_key}): a look-alike made another way? a person "
+                      "decides")
             return Outcome(verdict=AMBIGUOUS, matched_by=matched_by, **common,
                            detail=scrub_text(storable(detail, 2000)))
         return Outcome(verdict=FOUND, matched_by=matched_by, external_id=external_id,
@@ -371,6 +425,218 @@ def _outcome(op: Operation, cls: type[Reconciler], method: str, verdict: Any) ->
     # The reason is the reconciler's prose: recorded, only made storable.
     return Outcome(verdict=verdict.verdict, matched_by=verdict.matched_by,
                    detail=scrub_text(storable(str(detail), 2000)), **common)
+
+
+# --- positive controls: a "not found" counts only from a reader that can see ---------------
+
+# How much of a control's reading the evidence keeps, in characters of canonical JSON.
+MAX_CONTROL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Control:
+    """An effect the ledger knows is at the service, read to show the reader can see.
+
+    `kind`: "operation" (the latest succeeded operation of the same name on the same
+    target, with an external id) or "canary" (the reconciler's `canary`; `operation` is
+    then built for the reading, never stored).
+    """
+
+    operation: Operation
+    kind: str
+
+    def describe(self) -> dict[str, Any]:
+        control = self.operation
+        shown = {"kind": self.kind, "idempotency_key": control.idempotency_key,
+                 "external_id": control.external_id}
+        if self.kind == "operation":
+            shown.update(operation_id=control.operation_id,
+                         succeeded_at=control.completed_at.isoformat()
+                         if control.completed_at else None)
+        return shown
+
+    def in_words(self) -> str:
+        control = self.operation
+        if self.kind == "canary":
+            return (f"the canary (idempotency key {control.idempotency_key or '-'}, external "
+                    f"id {control.external_id or '-'})")
+        when = control.completed_at.isoformat() if control.completed_at else "unknown"
+        return (f"{control.operation_id}, which succeeded at {when} as "
+                f"{control.external_id}")
+
+
+def latest_control(op: Operation) -> Operation | None:
+    """The latest succeeded operation of `op`'s tenant, name and target with an external
+    id, other than `op` (one probe of operation_control_idx); None when there is none yet.
+    A purged one is gone: the one before it takes its place."""
+    return (
+        Operation.objects.alias(target_hash=MD5("target"))
+        .filter(tenant=op.tenant, operation=op.operation, target_hash=MD5(Value(op.target)),
+                target=op.target, state=State.SUCCEEDED, completed_at__isnull=False)
+        .exclude(external_id="").exclude(pk=op.pk)
+        .order_by("-completed_at", "-id")
+        .first()
+    )
+
+
+def positive_control(reconciler: Reconciler, op: Operation) -> Control | None:
+    """The control an absence of `op` must be backed by: the reconciler's canary if it has
+    one, else the latest succeeded operation on the target; None when there is none."""
+    spec = reconciler.canary_for(op)
+    if spec is not None:
+        return Control(_canary_operation(op, spec), "canary")
+    control = latest_control(op)
+    return Control(control, "operation") if control is not None else None
+
+
+def _canary_operation(op: Operation, spec: Any) -> Operation:
+    if not isinstance(spec, dict) or not (spec.get("idempotency_key") or spec.get("external_id")):
+        raise InvalidInput(f"expected a canary to be a dict naming an idempotency_key or an "
+                           f"external_id (and the intent to match on), found {spec!r}")
+    unknown = set(spec) - {"idempotency_key", "external_id", "intent", "target"}
+    if unknown:
+        raise InvalidInput(f"expected a canary to name only idempotency_key, external_id, "
+                           f"intent and target, found {sorted(unknown)}")
+    return Operation(
+        operation_id="canary", tenant=op.tenant, operation=op.operation,
+        target=str(spec.get("target") or op.target), intent=dict(spec.get("intent") or {}),
+        intent_fingerprint="", idempotency_key=str(spec.get("idempotency_key") or ""),
+        external_id=str(spec.get("external_id") or ""), state=State.SUCCEEDED,
+        retry_policy=op.retry_policy, created_at=op.created_at, state_changed_at=op.created_at,
+        submitted_at=op.submitted_at, completed_at=None,
+    )
+
+
+def check_absence(reconciler: Reconciler, op: Operation, method: str,
+                  outcome: Outcome) -> Outcome:
+    """Back `outcome`, an absence `method` read for `op`, with a positive control.
+
+    The engine calls it for every reconciler (kits, the gateway's read tools, classes of
+    your own), right after the absence was read: `reconciler.read_control` reads the
+    control (`positive_control`) with the same reader. Found with the control's external
+    id: the absence stands, the control on its evidence. Anything else (not found, an
+    error, another id): `verifier_blind`, the control and its reading on the evidence. No
+    control yet: the absence stands only if the reconciler declares why it is trustworthy
+    (`trusted_absence`, shown on the evidence); else `verifier_blind` too. Never raises for
+    the reconciler's sake; a failure of the ledger's own database propagates.
+    """
+    control = positive_control(reconciler, op)
+    if control is None:
+        declared = scrub_text(storable(str(reconciler.absence_trusted_because(method) or ""),
+                                       500))
+        if declared.strip():
+            return replace(
+                outcome,
+                observed={**outcome.observed,
+                          "positive_control": {"status": "declared", "trusted_absence": declared}},
+                detail=scrub_text(storable(
+                    f"{outcome.detail}; no operation on this target has succeeded yet to serve "
+                    f"as a control, and the reconciler declares its absence trustworthy: "
+                    f"{declared}", 2000)),
+            )
+        return _blind(outcome, {"status": "none"}, (
+            f"{method} found nothing, but that is not proof: no operation on this target has "
+            "succeeded yet to show that this reader can see, and the reconciler declares no "
+            "trusted absence; a person decides unless a later reading can be checked"))
+    try:
+        read = reconciler.read_control(control.operation, method)
+        seen = (isinstance(read, Found) and (not control.operation.external_id
+                                             or str(read.external_id)
+                                             == control.operation.external_id))
+        reading = _control_reading(read)
+    except Exception as exc:  # noqa: BLE001 - a reading that fails shows nothing
+        seen = False
+        reading = {"error": storable(type(exc).__name__, 200),
+                   "message": scrub_text(describe_exception(exc, 1000))}
+    shown = {"control": redact(control.describe()), "reading": reading}
+    if seen:
+        return replace(
+            outcome,
+            observed={**outcome.observed, "positive_control": {"status": "seen", **shown}},
+            detail=scrub_text(storable(
+                f"{outcome.detail}; the same reader found the control "
+                f"{control.in_words()}", 2000)),
+        )
+    what = (reading.get("verdict") or f"an error ({reading.get('message', '')})")
+    return _blind(outcome, {"status": "not_seen", **shown}, (
+        f"{method} found nothing, but that is not proof: the same reader could not find "
+        f"{control.in_words()}, which the ledger knows is there (it read: {what}); the "
+        "reader may be blind (a wrong URL, account or credentials, a missing read scope, an "
+        "outage answering empty)"))
+
+
+def _blind(outcome: Outcome, control: dict[str, Any], why: str) -> Outcome:
+    return replace(
+        outcome, verdict=VERIFIER_BLIND,
+        observed={**outcome.observed, "positive_control": control},
+        detail=scrub_text(storable(why, 2000)),
+    )
+
+
+def _control_reading(read: Any) -> dict[str, Any]:
+    """What reading the control gave, bounded, as evidence can store it."""
+    if not isinstance(read, Verdict):
+        return {"verdict": f"not a verdict: {storable(repr(read), 200)}"}
+    reading: dict[str, Any] = {"verdict": read.verdict or type(read).__name__}
+    if isinstance(read, Found):
+        reading["external_id"] = storable(scrub_text(str(read.external_id)), 500)
+    for name in ("query", "observed"):
+        value = getattr(read, name)
+        try:
+            check_json(value, what=name)
+            text = canonical_json(value)
+        except (InvalidInput, TypeError, ValueError) as exc:
+            reading[name] = {"unstorable": storable(str(exc), 300)}
+            continue
+        reading[name] = (redact(value) if len(text) <= MAX_CONTROL_CHARS
+                         else {"excerpt": scrub_text(text[:1000]), "characters": len(text)})
+    return reading
+
+
+# --- the policy per operation name for unknown outcomes ------------------------------------
+
+
+@dataclass(frozen=True)
+class UnknownOutcomePolicy:
+    """What an unproven outcome of an operation name may become (`unknown_outcome_policy`).
+
+    `automatic_retry`: whether a proven absence may become safe_to_retry without a person
+    (False, say for payments: it goes to manual_review, the evidence kept); `attempts`:
+    failed or blind readings before manual_review (None: the reconciler's `max_failures`,
+    else LEDGER_RECONCILE_MAX_FAILURES); `window`: how long NotYet may last, from
+    `unknown_since` (None: the reconciler's `grace_period`). `pattern`: the setting's key
+    it came from ("" for the defaults).
+    """
+
+    pattern: str = ""
+    automatic_retry: bool = True
+    attempts: int | None = None
+    window: timedelta | None = None
+
+
+def unknown_outcome_policy(operation: str) -> UnknownOutcomePolicy:
+    """The policy of `operation` from LEDGER_UNKNOWN_OUTCOME_POLICIES: its exact name, else
+    the matching pattern with the most literal characters; the defaults when none matches."""
+    best: tuple[tuple[bool, int], str, dict[str, Any]] | None = None
+    for pattern, spec in conf.UNKNOWN_OUTCOME_POLICIES.items():
+        if not fnmatch.fnmatchcase(operation, pattern):
+            continue
+        rank = (pattern == operation, len(pattern.replace("*", "").replace("?", "")))
+        if best is None or rank > best[0]:
+            best = (rank, pattern, spec)
+    if best is None:
+        return UnknownOutcomePolicy()
+    _, pattern, spec = best
+    window = spec.get("window_seconds")
+    return UnknownOutcomePolicy(
+        pattern=pattern, automatic_retry=spec.get("automatic_retry", True),
+        attempts=spec.get("attempts"),
+        window=timedelta(seconds=window) if window is not None else None,
+    )
+
+
+def _attempts(cls: type[Reconciler], policy: UnknownOutcomePolicy) -> int:
+    return policy.attempts or cls.max_failures or conf.RECONCILE_MAX_FAILURES
 
 
 # --- claiming ------------------------------------------------------------------------------
@@ -506,6 +772,7 @@ def _decide(
     op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime
 ) -> tuple[str, str, dict[str, Any]]:
     attempts = op.reconcile_attempts + 1
+    policy = unknown_outcome_policy(op.operation)
     changes: dict[str, Any] = {"reconcile_attempts": attempts, "next_attempt_at": None}
     conflict = conflict_for(outcome.verdict, outcome.observed)
     if conflict or op.conflict == Conflict.AMBIGUOUS:
@@ -523,18 +790,25 @@ def _decide(
                     f"absent, but attempt {op.attempt} may still be in flight until "
                     f"{op.in_flight_until.isoformat()}: not proof; next attempt then",
                     changes)
+        if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN and not policy.automatic_retry:
+            return (State.MANUAL_REVIEW,
+                    f"proven absent, but the unknown-outcome policy for {policy.pattern!r} "
+                    "sends no retry without a person: a person decides", changes)
         if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN:
             return State.SAFE_TO_RETRY, "proven absent: safe to retry", changes
         return (State.MANUAL_REVIEW,
                 "proven absent, but the retry policy is 'never': a person decides", changes)
     if verdict in (AMBIGUOUS, NO_RECONCILER):
         return State.MANUAL_REVIEW, outcome.detail, changes
+    if verdict == VERIFIER_BLIND:
+        return _unproven(op, outcome, cls, now, attempts, changes, _attempts(cls, policy))
     if verdict == NOT_YET:
         unknown_since = op.unknown_since or op.state_changed_at
-        grace_end = unknown_since + cls.grace_period
+        grace = policy.window or cls.grace_period
+        grace_end = unknown_since + grace
         if now >= grace_end:
             return (State.MANUAL_REVIEW,
-                    f"still not visible after the grace period of {cls.grace_period} "
+                    f"still not visible after the grace period of {grace} "
                     f"(unknown since {unknown_since.isoformat()})", changes)
         changes["next_attempt_at"] = min(now + _backoff(cls, attempts), grace_end)
         return (State.OUTCOME_UNKNOWN,
@@ -542,7 +816,7 @@ def _decide(
                 changes)
     # ERROR
     failures = op.reconcile_failures + 1
-    limit = cls.max_failures or conf.RECONCILE_MAX_FAILURES
+    limit = _attempts(cls, policy)
     changes["reconcile_failures"] = failures
     if failures >= limit:
         return (State.MANUAL_REVIEW,
@@ -551,6 +825,29 @@ def _decide(
     changes["next_attempt_at"] = now + _backoff(cls, attempts)
     return (State.OUTCOME_UNKNOWN,
             f"reconciler failed ({failures} of {limit}): {outcome.detail}"[:2000], changes)
+
+
+def _unproven(op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime,
+              attempts: int, changes: dict[str, Any],
+              limit: int) -> tuple[str, str, dict[str, Any]]:
+    """A blind reading: never safe_to_retry. Inside the in-flight window it proves nothing
+    anyway (next attempt then, not counted); after it, counted as a failure of the reader,
+    outcome_unknown with backoff until `max_failures`, then manual_review."""
+    if op.in_flight_until is not None and now < op.in_flight_until:
+        changes["next_attempt_at"] = op.in_flight_until
+        return (State.OUTCOME_UNKNOWN,
+                f"unproven, and attempt {op.attempt} may still be in flight until "
+                f"{op.in_flight_until.isoformat()}: {outcome.detail}"[:2000], changes)
+    failures = op.reconcile_failures + 1
+    changes["reconcile_failures"] = failures
+    if failures >= limit:
+        return (State.MANUAL_REVIEW,
+                f"unproven after {failures} readings (limit {limit}): {outcome.detail}"[:2000],
+                changes)
+    changes["next_attempt_at"] = now + _backoff(cls, attempts)
+    return (State.OUTCOME_UNKNOWN,
+            f"unproven ({failures} of {limit}), read again at "
+            f"{changes['next_attempt_at'].isoformat()}: {outcome.detail}"[:2000], changes)
 
 
 def conflict_for(verdict: str, observed: Any) -> str:

@@ -448,6 +448,10 @@ _recent_articles = reconcilers.list_and_match(
 class ArticlesReconciler(reconcilers.http_lookup(
     None, url="{target}/by-key/{idempotency_key}", external_id="article.id",
     consistent_as_of="consistent_as_of", fall_back_on=(501,), search=_recent_articles,
+    # Proof while no article on the target has succeeded yet to serve as a control (the
+    # listing, when the key index is down, declares nothing: it needs one).
+    trusted_absence="the service's key index answers 404 only for a key it never saw "
+    "(reads complete up to consistent_as_of)",
 )):
     """The kits of `ledger.reconcilers`, for the simulated service named by the target.
 

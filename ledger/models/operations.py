@@ -3,6 +3,7 @@
 import pgtrigger
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import MD5
 
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
 from ledger.models.coordination import RUN_LEASE
@@ -504,6 +505,14 @@ class Operation(models.Model):
             # The re-reads due (ledger.reconcile.claim_reread): few rows, in due order.
             models.Index(fields=["reread_due_at", "id"], name="operation_reread_due_idx",
                          condition=models.Q(state=State.SUCCEEDED, reread_due_at__isnull=False)),
+            # A reconciler's positive control: the latest succeeded operation of the same
+            # name on the same target, with an external id (ledger.reconcile.latest_control).
+            # The target is hashed: a 2,000-character target could exceed a btree entry.
+            models.Index(
+                "tenant", "operation", MD5("target"), "completed_at", "id",
+                name="operation_control_idx",
+                condition=models.Q(state=State.SUCCEEDED) & ~models.Q(external_id=""),
+            ),
         ]
         permissions = [
             ("resolve_operation", "Can resolve operations the ledger cannot prove"),
@@ -750,6 +759,12 @@ class Evidence(models.Model):
     class Meta:
         verbose_name_plural = "evidence"
         ordering = ["operation", "created_at", "id"]
+        indexes = [
+            # The readings of blind verifiers, for /metrics (ledger.metrics.blind_verifiers):
+            # few rows, read by time.
+            models.Index(fields=["created_at"], name="evidence_verifier_blind_idx",
+                         condition=models.Q(verdict="verifier_blind")),
+        ]
         triggers = [
             AppendOnly(name="evidence_append_only"),
         ]

@@ -153,6 +153,27 @@ def check_keys(keys: Any) -> bool:
     return keys
 
 
+def control_attrs(trusted_absence: Any, canary: Any) -> dict[str, Any]:
+    """The positive-control declarations of a kit (`reconcile.check_absence`), checked."""
+    if not isinstance(trusted_absence, str):
+        raise InvalidInput(f"expected trusted_absence to be the reason, in words, why this "
+                           f"reader's not-found is proof with no control yet (or \"\"), "
+                           f"found {trusted_absence!r}")
+    if canary is not None and not callable(canary):
+        if not isinstance(canary, Mapping) or not (canary.get("idempotency_key")
+                                                   or canary.get("external_id")):
+            raise InvalidInput(f"expected canary to be a dict naming an idempotency_key or an "
+                               f"external_id (and the intent to match on), or a function of "
+                               f"the operation, found {canary!r}")
+        unknown = set(canary) - {"idempotency_key", "external_id", "intent", "target"}
+        if unknown:
+            raise InvalidInput(f"expected canary to name only idempotency_key, external_id, "
+                               f"intent and target, found {sorted(unknown)}")
+        canary = dict(canary)
+    return {"trusted_absence": trusted_absence.strip(),
+            "canary": staticmethod(canary) if callable(canary) else canary}
+
+
 def build(base: type[reconcile.Reconciler], operation: str | None, name: str,
           attrs: dict[str, Any], tuning: dict[str, Any]) -> type[reconcile.Reconciler]:
     unknown = set(tuning) - set(TUNING)

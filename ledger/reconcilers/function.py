@@ -49,6 +49,11 @@ class FunctionLookup(reconcile.Reconciler):
                 reason="the look-up could not decide and this reconciler has no search")
         return self.then().search(op)
 
+    def absence_trusted_because(self, method: str) -> str:
+        if method == "search":
+            return self.then().absence_trusted_because(method) if self.then else ""
+        return self.trusted_absence
+
 
 def function_lookup(
     operation: str | None,
@@ -57,6 +62,8 @@ def function_lookup(
     external_id: str | Callable[[Any], Any] = "id",
     search: type[reconcile.Reconciler] | None = None,
     name: str = "",
+    trusted_absence: str = "",
+    canary: dict[str, Any] | Callable[[Operation], dict[str, Any] | None] | None = None,
     **tuning: Any,
 ) -> type[FunctionLookup]:
     """A reconciler that asks `find(op)` whether the operation's effect exists; registered
@@ -71,7 +78,9 @@ def function_lookup(
     What it found is recorded as evidence (large values as an excerpt). `search`: a
     reconciler (e.g. `list_and_match(None, listing=...)`) for when the look-up cannot
     decide. `tuning`: `grace_period`, `backoff_initial`, `backoff_max`, `lease_ttl`,
-    `max_failures`.
+    `max_failures`. None proves absence only when `find` also finds a positive control
+    (the latest succeeded operation on the target, or `canary`); with no control yet, only
+    if `trusted_absence` says why (`reconcile.check_absence`).
     """
     if not callable(find):
         raise InvalidInput(f"expected find to be a function of the operation, found {find!r}")
@@ -85,4 +94,5 @@ def function_lookup(
         "find": staticmethod(find),
         "external_id": staticmethod(external_id) if callable(external_id) else external_id,
         "then": search,
+        **_kit.control_attrs(trusted_absence, canary),
     }, tuning)

@@ -157,6 +157,8 @@ def list_and_match(
     name: str = "",
     idempotency_key: str | Callable[[Any], Any] | None = "idempotency_key",
     keys: bool = True,
+    trusted_absence: str = "",
+    canary: dict[str, Any] | Callable[[Operation], dict[str, Any] | None] | None = None,
     **tuning: Any,
 ) -> type[ListAndMatch]:
     """A reconciler that lists at most `limit` recent items and matches them on the intent.
@@ -174,10 +176,15 @@ def list_and_match(
     none -> ProvenAbsent, or NotYet when `consistent_as_of` shows the read predates the
     submission. Keys: `idempotency_key` (a path or callable of an item; None: items show
     none) is the key an item carries; the one match under the operation's own key is
-    Found (by idempotency_key) whatever else matches, and a lone match under another key
-    is Ambiguous (made another way: a person decides, both ids in the evidence).
-    `keys=False`: the service has no keys; content alone decides. Registered for
-    `operation` unless it is None (to serve as the `search=` of `http_lookup`).
+    Found (by idempotency_key) whatever else matches, and a lone match under another key,
+    or under none, is Ambiguous (made another way: a person decides, both ids in the
+    evidence). `keys=False`: the service has no keys; content alone decides.
+    An empty match proves absence only when the same listing, read for a positive control
+    (the latest succeeded operation on the target, or `canary`, with the intent to match
+    on), finds it (`reconcile.check_absence`); a listing that always answers `[]` is blind.
+    With no control yet, only if `trusted_absence` says why (rarely true of a listing).
+    Registered for `operation` unless it is None (to serve as the `search=` of
+    `http_lookup`).
     """
     if (url is None) == (listing is None):
         raise InvalidInput(f"expected exactly one of url= and listing=, found url={url!r}, "
@@ -215,4 +222,5 @@ def list_and_match(
         "consistent_as_of": wrap(consistent_as_of), "exclude_attributed": exclude_attributed,
         "headers": wrap(headers), "timeout": float(timeout), "client": client,
         "idempotency_key": wrap(idempotency_key), "service_has_keys": _kit.check_keys(keys),
+        **_kit.control_attrs(trusted_absence, canary),
     }, tuning)

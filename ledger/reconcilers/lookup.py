@@ -82,6 +82,12 @@ class HttpLookup(reconcile.Reconciler):
                 reason="the look-up could not decide and this reconciler has no search")
         return self.then().search(op)
 
+    def absence_trusted_because(self, method: str) -> str:
+        # The declaration covers the look-up; an absence the search saw is the search's.
+        if method == "search":
+            return self.then().absence_trusted_because(method) if self.then else ""
+        return self.trusted_absence
+
 
 def http_lookup(
     operation: str | None,
@@ -97,6 +103,8 @@ def http_lookup(
     name: str = "",
     idempotency_key: str | Callable[[Any], Any] | None = None,
     keys: bool = True,
+    trusted_absence: str = "",
+    canary: dict[str, Any] | Callable[[Operation], dict[str, Any] | None] | None = None,
     **tuning: Any,
 ) -> type[HttpLookup]:
     """A reconciler that reads one URL per operation; registered for `operation` (unless None).
@@ -119,6 +127,10 @@ def http_lookup(
     callable; default: beside the external id, "article.idempotency_key" for
     "article.id"); an answer under another key than the operation's is Ambiguous, both ids
     in the evidence, unless `keys=False` (the service has no keys).
+    A 404 proves absence only when the same look-up finds a positive control (the latest
+    succeeded operation on the target, or `canary`: see `reconcile.check_absence`); with no
+    control yet, only if `trusted_absence` says why a 404 is proof (say "the service
+    answers 404 only for keys it never saw"), shown on the evidence.
     """
     _kit.check_template(url, "url")
     _kit.check_extractor(external_id, "external_id")
@@ -149,4 +161,5 @@ def http_lookup(
         "idempotency_key": (staticmethod(idempotency_key) if callable(idempotency_key)
                             else idempotency_key),
         "service_has_keys": _kit.check_keys(keys),
+        **_kit.control_attrs(trusted_absence, canary),
     }, tuning)

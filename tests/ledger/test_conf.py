@@ -16,6 +16,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "MAX_REQUEST_BYTES": 1024 * 1024,
         "MAX_JSON_DEPTH": 64,
         "RECONCILE_MAX_FAILURES": 3,
+        "UNKNOWN_OUTCOME_POLICIES": {},
         "STALE_SUBMISSION_SECONDS": 600,
         "IN_FLIGHT_SECONDS": 60,
         "FACT_MAX_FUTURE_SECONDS": 300,
@@ -72,6 +73,10 @@ def test_an_unknown_setting_name_says_which_exist():
     ("HEALTH_RECONCILE_BACKLOG_SECONDS", 2.5),
     ("TRUSTED_PROXY_COUNT", -1),
     ("TRUSTED_PROXY_COUNT", True),
+    ("UNKNOWN_OUTCOME_POLICIES", {"payments.*": {"automatic_retry": "no"}}),
+    ("UNKNOWN_OUTCOME_POLICIES", {"payments.*": {"attempts": 0}}),
+    ("UNKNOWN_OUTCOME_POLICIES", {"payments.*": {"window": 60}}),
+    ("UNKNOWN_OUTCOME_POLICIES", {"": {"attempts": 2}}),
 ])
 def test_a_malformed_setting_is_refused_by_the_system_check(settings, name, value):
     setattr(settings, f"LEDGER_{name}", value)

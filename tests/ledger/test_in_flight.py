@@ -16,6 +16,9 @@ ABSENT: list[str] = []  # operation ids the reconciler was asked about
 @reconcile.register("test.inflight")
 class AlwaysAbsent(reconcile.Reconciler):
     backoff_initial = timedelta(0)
+    # What these tests read is the window, not the reader: its absence is declared proof
+    # (a reader that says absent to everything is blind: tests/ledger/test_blind_verifier.py).
+    trusted_absence = "a test double of a service that never received the request"
 
     def lookup(self, op):
         ABSENT.append(op.operation_id)

@@ -31,7 +31,9 @@ def _answer(op, spec):
     observed = {"seen": kind, "headers": {"Authorization": "Bearer sk-live-123"}}
     return {
         "none": lambda: None,
-        "found": lambda: reconcile.Found(arg or "ext-1", observed),
+        # The service records keys: what it found carries this operation's.
+        "found": lambda: reconcile.Found(arg or "ext-1", observed,
+                                         idempotency_key=op.idempotency_key),
         "absent": lambda: reconcile.ProvenAbsent(observed),
         "ambiguous": lambda: reconcile.Ambiguous({"matches": ["a", "b"]}, reason="two matches",
                                                  matched_by="fingerprint"),
@@ -44,6 +46,9 @@ def _answer(op, spec):
 class Scripted(reconcile.Reconciler):
     backoff_initial = timedelta(0)
     grace_period = timedelta(days=1)
+    # The "service" is the script in each intent: its absence is what the test says it is.
+    # Controls and blind readers: tests/ledger/test_blind_verifier.py.
+    trusted_absence = "a scripted test double: the intent says what the service shows"
 
     def lookup(self, op):
         CALLS.append(("lookup", op.operation_id))
@@ -535,3 +540,67 @@ def test_a_claim_is_three_statements_and_a_verdict_four():
     assert len(statements(settling)) == 4, statements(settling)
     op.refresh_from_db()
     assert (op.state, op.external_id) == (State.SUCCEEDED, "ext-7")
+
+
+# --- the unknown-outcome policy per operation name ------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_policy_without_automatic_retry_sends_a_proven_absence_to_a_person(settings):
+    settings.LEDGER_UNKNOWN_OUTCOME_POLICIES = {"test.*": {"automatic_retry": False},
+                                                "other.*": {"attempts": 9}}
+    op = unknown("absent")
+    finished, [ev] = reconcile_one(op)
+    assert (finished, op.state, ev.verdict) == (1, State.MANUAL_REVIEW, "proven_absent")
+    assert "unknown-outcome policy for 'test.*' sends no retry without a person" in \
+        last_event(op).reason
+
+
+@pytest.mark.django_db
+def test_a_policy_sets_the_readings_before_manual_review_the_exact_name_first(settings):
+    settings.LEDGER_UNKNOWN_OUTCOME_POLICIES = {"test.*": {"attempts": 5},
+                                                "test.scripted": {"attempts": 1}}
+    assert reconcile.unknown_outcome_policy("test.scripted").attempts == 1
+    assert reconcile.unknown_outcome_policy("test.other").attempts == 5
+    assert reconcile.unknown_outcome_policy("mail.send") == reconcile.UnknownOutcomePolicy()
+    op = unknown("raise")
+    _, [ev] = reconcile_one(op)
+    assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "error")
+    assert "reconciler failed 1 times (limit 1)" in last_event(op).reason
+
+
+@pytest.mark.django_db
+def test_a_policy_window_ends_not_yet_sooner_than_the_reconcilers_grace(settings, monkeypatch):
+    settings.LEDGER_UNKNOWN_OUTCOME_POLICIES = {"test.scripted": {"window_seconds": 60}}
+    op = unknown("notyet")
+    moment = timezone.now() + timedelta(seconds=61)  # Scripted's own grace: a day
+    monkeypatch.setattr(reconcile.timezone, "now", lambda: moment)
+    _, [ev] = reconcile_one(op)
+    assert (op.state, ev.verdict) == (State.MANUAL_REVIEW, "not_yet")
+    assert "grace period of 0:01:00" in last_event(op).reason
+
+
+# --- blind readings inside the in-flight window ------------------------------------------------
+
+
+@reconcile.register("test.sees-nothing")
+class SeesNothing(reconcile.Reconciler):
+    """Absent for everything, and declares nothing: with no control it proves nothing."""
+
+    def lookup(self, op):
+        return reconcile.ProvenAbsent({"matches": []})
+
+
+@pytest.mark.django_db
+def test_a_blind_reading_inside_the_in_flight_window_waits_for_it_uncounted():
+    from ledger import receipts
+
+    op = receipts.record_intent("test.sees-nothing", "https://svc.example/x", {"n": 1})
+    receipts.mark_submitted(op, in_flight_for=timedelta(seconds=60))
+    op = receipts.mark_outcome_unknown(op, error_code="Timeout")
+    _, [ev] = reconcile_one(op)
+    assert (op.state, ev.verdict, op.reconcile_failures) == (State.OUTCOME_UNKNOWN,
+                                                             "verifier_blind", 0)
+    assert op.next_attempt_at == op.in_flight_until
+    assert ev.observed["positive_control"] == {"status": "none"}
+    assert "may still be in flight" in last_event(op).reason

@@ -67,6 +67,14 @@ def send(service, operation, title, *, fault=None, in_flight_for=timedelta(0), b
     return op
 
 
+def control(service, operation):
+    """A succeeded operation on the service: the positive control a later absence is
+    backed by (the same reader must find it: reconcile.check_absence)."""
+    done = send(service, operation, f"Control {uuid.uuid4().hex[:6]}")
+    assert (done.state, bool(done.external_id)) == (State.SUCCEEDED, True)
+    return done
+
+
 def reconciled(op, monkeypatch=None, *, after=None):
     """One engine pass (its clock `after` from now, if given); the operation and evidence."""
     if after is not None:
@@ -96,11 +104,35 @@ def test_http_lookup_finds_a_committed_article_by_its_key_and_records_the_reques
 @pytest.mark.django_db
 def test_http_lookup_proves_a_lost_request_absent_by_the_404(service, kit):
     by_key(kit)
+    done = control(service, LOOKUP)
     op = send(service, LOOKUP, "Lost", fault="lose_request")
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict, ev.matched_by) == (State.SAFE_TO_RETRY, "proven_absent",
                                                      "idempotency_key")
     assert ev.observed["status"] == 404
+    seen = ev.observed["positive_control"]
+    assert (seen["status"], seen["control"]["operation_id"], seen["reading"]["external_id"]) \
+        == ("seen", done.operation_id, done.external_id)
+    assert f"the same reader found the control {done.operation_id}" in ev.detail
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("declared", ["", "the key index answers 404 only for keys it never saw"])
+def test_http_lookup_first_404_on_a_target_proves_absence_only_when_declared(
+        service, kit, declared):
+    by_key(kit, trusted_absence=declared)
+    op = send(service, LOOKUP, "First", fault="lose_request")
+    op, [ev] = reconciled(op)
+    if declared:
+        assert (op.state, ev.verdict) == (State.SAFE_TO_RETRY, "proven_absent")
+        assert ev.observed["positive_control"] == {"status": "declared",
+                                                   "trusted_absence": declared}
+        assert declared in ev.detail
+    else:
+        assert (op.state, ev.verdict, op.reconcile_failures) == (
+            State.OUTCOME_UNKNOWN, "verifier_blind", 1)
+        assert ev.observed["positive_control"] == {"status": "none"}
+        assert "no operation on this target has succeeded yet" in ev.detail
 
 
 @pytest.mark.django_db
@@ -108,6 +140,7 @@ def test_http_lookup_late_delivery_stays_unknown_inside_the_window_then_is_found
     service, kit, monkeypatch
 ):
     by_key(kit)
+    done = control(service, LOOKUP)
     op = send(service, LOOKUP, "Late", fault="lose_request", in_flight_for=timedelta(seconds=60))
     op, [first] = reconciled(op)
     assert (op.state, first.verdict) == (State.OUTCOME_UNKNOWN, "proven_absent")
@@ -117,7 +150,7 @@ def test_http_lookup_late_delivery_stays_unknown_inside_the_window_then_is_found
                                               idempotency_key=op.idempotency_key)
     op, [_, second] = reconciled(op, monkeypatch, after=timedelta(seconds=61))
     assert (op.state, op.external_id, second.verdict) == (State.SUCCEEDED, late["id"], "found")
-    assert len(service.side_effects()) == 1
+    assert [a["id"] for a in service.side_effects()] == [done.external_id, late["id"]]
 
 
 @pytest.mark.django_db
@@ -200,10 +233,13 @@ def test_list_and_match_finds_the_one_matching_item(service, kit):
 @pytest.mark.django_db
 def test_list_and_match_proves_absence_only_from_a_complete_listing(service, kit):
     by_listing(kit)
+    done = control(service, LISTING)
     op = send(service, LISTING, "Never arrived", fault="lose_request")
     op, [ev] = reconciled(op)
     assert (op.state, ev.verdict) == (State.SAFE_TO_RETRY, "proven_absent")
     assert ev.observed["complete"] is True
+    seen = ev.observed["positive_control"]
+    assert (seen["status"], seen["reading"]["external_id"]) == ("seen", done.external_id)
 
 
 @pytest.mark.django_db
@@ -249,6 +285,7 @@ def test_list_and_match_late_delivery_stays_unknown_inside_the_window_then_is_fo
     service, kit, monkeypatch
 ):
     by_listing(kit)
+    control(service, LISTING)
     op = send(service, LISTING, "Late listed", fault="lose_request",
               in_flight_for=timedelta(seconds=60))
     op, [first] = reconciled(op)
@@ -271,8 +308,9 @@ def test_list_and_match_inside_the_consistency_window_is_not_yet(service, kit):
 @pytest.mark.django_db
 def test_list_and_match_over_a_callable_listing(kit):
     outbox = [{"message_id": "m-1", "to": "ada@example.com"}]
+    # The outbox shows no idempotency keys at all: content alone decides.
     kit(reconcilers.list_and_match, "kit.mail", listing=lambda op, limit: outbox[-limit:],
-        match=("to",), external_id="message_id")
+        match=("to",), external_id="message_id", keys=False)
     op = receipts.record_intent("kit.mail", "smtp://mail.example", {"to": "ada@example.com"})
     receipts.mark_submitted(op, in_flight_for=timedelta(0))
     receipts.mark_outcome_unknown(op, error_code="TimeoutError")
@@ -379,7 +417,8 @@ def test_function_lookup_finds_through_any_function_and_records_what_it_found(ki
 @pytest.mark.django_db
 def test_function_lookup_none_is_proof_of_absence_and_a_verdict_passes_through(kit):
     answers = {}
-    kit(reconcilers.function_lookup, "kit.mailbox", find=lambda op: answers[op.operation_id])
+    kit(reconcilers.function_lookup, "kit.mailbox", find=lambda op: answers[op.operation_id],
+        trusted_absence="the mailbox is searched whole, by message id")
     absent = _unknown("kit.mailbox", {"to": "ada@example.com"})
     later = _unknown("kit.mailbox", {"to": "bob@example.com"})
     answers[absent.operation_id] = None
@@ -408,3 +447,42 @@ def test_function_lookup_a_failing_function_is_a_reconciler_error_not_a_verdict(
 def test_function_lookup_refuses_what_is_not_a_function():
     with pytest.raises(InvalidInput, match="expected find to be a function"):
         reconcilers.function_lookup(None, find="https://x")
+
+
+# --- keyless look-alikes -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("keys", [True, False])
+def test_list_and_match_a_lone_match_without_a_key_is_ambiguous_unless_the_service_has_none(
+        service, kit, keys):
+    by_listing(kit, keys=keys)
+    # Made by hand through the service's own form: the same content, no idempotency key.
+    by_hand = ArticlesClient(service.url).create(title="Look-alike", body="text")
+    op = send(service, LISTING, "Look-alike", fault="lose_request")
+    op, [ev] = reconciled(op)
+    if keys:
+        assert (op.state, op.external_id, ev.verdict) == (State.MANUAL_REVIEW, "", "ambiguous")
+        assert ev.observed["ids"] == {
+            "found": {"external_id": by_hand["id"], "idempotency_key": ""},
+            "operation": {"external_id": "", "idempotency_key": op.idempotency_key}}
+        assert "carries no idempotency key" in ev.detail
+    else:
+        assert (op.state, op.external_id, ev.verdict) == (State.SUCCEEDED, by_hand["id"],
+                                                          "found")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"trusted_absence": True}, "expected trusted_absence to be the reason, in words"),
+    ({"canary": {"intent": {"title": "x"}}}, "expected canary to be a dict naming an "
+                                             "idempotency_key or an external_id"),
+    ({"canary": {"external_id": "a-1", "account": "x"}}, r"found \['account'\]"),
+])
+def test_the_kits_refuse_a_malformed_control_declaration(arguments, message):
+    for make in (lambda: reconcilers.http_lookup(None, url="https://svc.example/{idempotency_key}",
+                                                 **arguments),
+                 lambda: reconcilers.list_and_match(None, listing=list, match=("t",),
+                                                    **arguments),
+                 lambda: reconcilers.function_lookup(None, find=len, **arguments)):
+        with pytest.raises(InvalidInput, match=message):
+            make()
