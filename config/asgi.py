@@ -34,6 +34,7 @@ logger = logging.getLogger("ledger.api")
 # the CSP and frame headers of its docs page. Keys, not sessions, authenticate it, so the
 # session, CSRF, login, messages and htmx middleware have nothing to do there.
 API_MIDDLEWARE = [
+    "config.logs.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
