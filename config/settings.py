@@ -31,6 +31,12 @@ def _required_env(name: str) -> str:
 
 if IS_PRODUCTION:
     SECRET_KEY = _required_env("DJANGO_SECRET_KEY")
+    # Rotation (docs/operations.md): the previous keys, comma-separated, still accepted for
+    # sessions and signed values until they expire; new ones are signed with SECRET_KEY.
+    SECRET_KEY_FALLBACKS = [
+        k.strip() for k in os.environ.get("DJANGO_SECRET_KEY_FALLBACKS", "").split(",")
+        if k.strip()
+    ]
     DEBUG = False
     ALLOWED_HOSTS = [h.strip() for h in _required_env("DJANGO_ALLOWED_HOSTS").split(",")]
 else:
