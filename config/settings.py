@@ -274,7 +274,6 @@ if IS_PRODUCTION:
 # LEDGER_LOG_FORMAT: "text" (default) or "json" (one JSON object a line, for a collector);
 # LEDGER_LOG_LEVEL: the ledger's own loggers' level (INFO). gunicorn's lines use the same
 # format (config/gunicorn.conf.py).
-LOGGING_CONFIG = "logging.config.dictConfig"
 LOGGING = logging_config(level=os.environ.get("LEDGER_LOG_LEVEL", "INFO"))
 
 # Operations endpoints (review/views_ops.py). /metrics answers only with
