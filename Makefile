@@ -103,9 +103,10 @@ install-prod: | $(PY)
 	$(PY) -m pip install --quiet .
 
 # What a release attaches (docs/agents/client.md): the project's wheel, the Python client's
-# wheel and the TypeScript client's tarball, into dist/.
+# wheel and the TypeScript client's tarball, into dist/ (or DIST=/absolute/path).
+DIST ?= dist
 dist: | $(PY)
-	rm -rf dist && mkdir -p dist
-	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . ./clients/python
-	cd clients/typescript && npm pack --silent --pack-destination ../../dist >/dev/null
-	@ls -1 dist
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) . ./clients/python
+	cd clients/typescript && npm pack --silent --pack-destination $(abspath $(DIST)) >/dev/null
+	@ls -1 $(DIST)

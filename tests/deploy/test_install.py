@@ -244,3 +244,15 @@ http {{
             proxy.wait(timeout=10)
     assert f"request_id={request_id}" in (tmp_path / "access.log").read_text(), (
         "expected the access log and the app to name the request by one id")
+
+
+@pytest.mark.skipif(shutil.which("npm") is None, reason="npm not found: no TypeScript tarball")
+def test_make_dist_builds_both_wheels_and_the_typescript_tarball(tmp_path):
+    out = tmp_path / "dist"
+    run(["make", "--no-print-directory", "dist", f"DIST={out}"], timeout=600, cwd=ROOT)
+    built = sorted(re.sub(r"\d+\.\d+\.\d+", "V", p.name) for p in out.iterdir())
+    assert built == ["agent-ledger-client-V.tgz", "agent_ledger-V-py3-none-any.whl",
+                     "agent_ledger_client-V-py3-none-any.whl"], built
+    leftovers = [p for p in (ROOT / "build", ROOT / "clients" / "python" / "build")
+                 if p.exists()]
+    assert leftovers == [], f"expected no build/ folder in the checkout, found {leftovers}"
