@@ -92,3 +92,21 @@ db-stop: install
 
 clean:
 	rm -rf $(VENV) .local site
+
+.PHONY: install-prod dist
+
+# A server's install (docs/operations.md): the project into $(VENV) without the development
+# extras (no pytest, playwright, langgraph, openai-agents, schemathesis, mkdocs, honcho);
+# `make install-prod VENV=/srv/agent-ledger/.venv`. Building leaves no build/ folder.
+install-prod: | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet .
+
+# What a release attaches (docs/agents/client.md): the project's wheel, the Python client's
+# wheel and the TypeScript client's tarball, into dist/ (or DIST=/absolute/path).
+DIST ?= dist
+dist: | $(PY)
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) . ./clients/python
+	cd clients/typescript && npm pack --silent --pack-destination $(abspath $(DIST)) >/dev/null
+	@ls -1 $(DIST)

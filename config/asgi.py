@@ -32,8 +32,10 @@ logger = logging.getLogger("ledger.api")
 
 # What the agent API needs of the desk's middleware: security headers and redirects, and
 # the CSP and frame headers of its docs page. Keys, not sessions, authenticate it, so the
-# session, CSRF, login, messages and htmx middleware have nothing to do there.
+# session, CSRF, login, messages and htmx middleware have nothing to do there. The request
+# id (config/logs.py) as on the desk: in the log lines and the X-Request-ID header.
 API_MIDDLEWARE = [
+    "config.logs.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

@@ -10,6 +10,12 @@ from the environment (GUNICORN_* below) or on the command line.
 
 import multiprocessing
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from config.logs import logging_config  # noqa: E402 (after the project is on the path)
 
 bind = os.environ.get("GUNICORN_BIND", f"127.0.0.1:{os.environ.get('PORT', '8000')}")
 # Processes, not threads: each worker runs Django's sync views one at a time on its own
@@ -45,3 +51,11 @@ accesslog = os.environ.get("GUNICORN_ACCESS_LOG", "-")
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
 proc_name = "agent-ledger"
+# gunicorn's own lines (start, workers, access) in the app's format (config/logs.py:
+# time, level, logger; LEDGER_LOG_FORMAT=json for one JSON object a line), on stderr. An
+# access log sent elsewhere (GUNICORN_ACCESS_LOG=path) keeps gunicorn's handler.
+logconfig_dict = logging_config(extra_loggers={
+    "gunicorn.error": {"level": loglevel.upper(), "handlers": ["stderr"], "propagate": False},
+    **({"gunicorn.access": {"level": "INFO", "handlers": ["stderr"], "propagate": False}}
+       if accesslog == "-" else {}),
+})

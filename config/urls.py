@@ -13,3 +13,8 @@ urlpatterns = [
     path("demo/", include("demo.urls")),
     path("", include("review.urls")),
 ]
+
+# Error pages that never read the database (config/errors.py).
+handler403 = "config.errors.forbidden"
+handler404 = "config.errors.not_found"
+handler500 = "config.errors.server_error"

@@ -415,7 +415,8 @@ class RequestRoleMiddleware:
     `SET ROLE ledger_agent` again, so that a connection kept between requests (the pool)
     can do no more than an agent. A request that reads nothing touches no connection.
     Only when the process's login may become both (`switches_roles`); a login of one kind,
-    the owner or a superuser is left as it is. First in MIDDLEWARE."""
+    the owner or a superuser is left as it is. First in MIDDLEWARE but for the request
+    id's (config.logs), which reads nothing."""
 
     def __init__(self, get_response):
         self.get_response = get_response

@@ -67,3 +67,18 @@ def test_the_dashboard_shows_every_metric_the_ledger_exports():
     for name in exported:
         assert re.search(rf"\b{name}\b", expressions), f"expected a panel of {name}"
         assert f"`{name}" in runbook, f"expected the runbook to name {name}"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SYSTEMD.glob("*.service")))
+def test_no_unit_may_write_its_own_code(name):
+    """ProtectSystem=strict makes everything read-only but the unit's ReadWritePaths and
+    StateDirectory: none of them may hold the checkout or its venv (docs/operations.md)."""
+    service = unit(name)["Service"]
+    assert service["ProtectSystem"] == "strict" and service["NoNewPrivileges"] == "true"
+    writable = service.get("ReadWritePaths", "").split()
+    writable += [f"/var/lib/{d}" for d in service.get("StateDirectory", "").split()]
+    assert writable, f"expected {name} to name where its data lives, found nothing writable"
+    for path in writable:
+        assert not (CHECKOUT.startswith(path.rstrip("/") + "/") or path == CHECKOUT
+                    or path.startswith(CHECKOUT + "/")), (
+            f"expected {name} to write only where data lives, found {path} (the code)")

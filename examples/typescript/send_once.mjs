@@ -1,6 +1,6 @@
 // An agent's tool that sends an email through the ledger: sent once per key, however often
 // the agent retries. Run it against a ledger:
-//   npm install agent-ledger-client   (or the tarball of `npm pack` in clients/typescript)
+//   npm install ./clients/typescript   (or the tarball `make dist` builds; agent-ledger-client on npm is planned)
 //   LEDGER_URL=http://127.0.0.1:8000 LEDGER_AGENT_KEY=alk_... node send_once.mjs welcome-1
 import { Ledger, OutcomeUnknown } from "agent-ledger-client";
 

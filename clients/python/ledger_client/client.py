@@ -607,10 +607,7 @@ class _Spec:
             raise errors.InvalidInput(f"expected arguments {signature} for "
                                       f"{self.operation}, found: {exc}") from None
         bound.apply_defaults()
-        intent = dict(bound.arguments)
-        for name, param in signature.parameters.items():
-            if param.kind is inspect.Parameter.VAR_KEYWORD:
-                intent.update(intent.pop(name))
+        intent = _intent_of(signature, bound)
         why = _not_json(intent, "intent")
         if why:
             raise errors.InvalidInput(f"expected the arguments of {self.operation} to be "
@@ -693,6 +690,26 @@ def _paths(paths: Iterable[str], name: str) -> tuple[str, ...]:
         if not isinstance(path, str) or not path or any(not p for p in path.split(".")):
             raise errors.InvalidInput(f"expected {name}= to hold dotted paths, found {path!r}")
     return found
+
+
+def _intent_of(signature: inspect.Signature, bound: inspect.BoundArguments) -> dict:
+    """The canonical intent of a call, the one the TypeScript client records too: a
+    function of one parameter given one mapping records that mapping itself (the shape of
+    a tool's input: `publish({"slug": ...})` records `{"slug": ...}`, not
+    `{"article": {...}}`); otherwise the arguments by name, `**kwargs` merged in. So a key
+    recorded by one client is the same intent in the other (tests/clients/
+    test_cross_language.py)."""
+    params = list(signature.parameters.values())
+    if len(params) == 1 and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                               inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        only = bound.arguments.get(params[0].name)
+        if isinstance(only, dict):
+            return dict(only)
+    intent = dict(bound.arguments)
+    for name, param in signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            intent.update(intent.pop(name))
+    return intent
 
 
 def _kept(intent: dict, paths: tuple[str, ...]) -> dict:
