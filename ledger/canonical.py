@@ -163,13 +163,20 @@ _WEBHOOK = re.compile(
 )
 # A run that may be base64 (standard or URL-safe): decoded, it is scrubbed as text.
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z0-9+/=_-])")
-# A cheap first look: text without any of these holds nothing the passes would change.
-_MAYBE_SECRET = re.compile(
-    r"(?i)[=:@]|bearer|basic|sk-|[sr]k_|whsec_|akia|asia|eyj|gh[pousr]_|github_pat_|xox|aiza"
-    r"|-----BEGIN|alk_|pass|pw|\d{4}[ .-]?\d{4}|ya29\.|glpat-|hf_|npm_|sg\.|hooks\.|webhooks"
-    r"|kennwort|contrase|senha|密码|密碼|口令|パスワード|cvv|cvc|ssn|_key|\d{3}-\d{2}-\d{4}"
-    r"|[a-z]{2}\d{2}|%3d|[a-z0-9+/_-]{16}"
-)
+# A cheap first look, in C speed (`in` on the lower-cased text, two small patterns): text
+# without any of these holds nothing the passes would change. Text that is not ASCII always
+# gets the full look (CJK prose, full-width and zero-width characters).
+_HINTS = ("=", ":", "@", "bearer", "basic", "sk-", "sk_", "rk_", "whsec_", "akia", "asia",
+          "eyj", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "aiza",
+          "-----begin", "alk_", "pass", "pw", "ya29.", "glpat-", "hf_", "npm_", "sg.", "hooks",
+          "kennwort", "contrase", "senha", "cvv", "cvc", "ssn", "_key", "%3d")
+_HINT = re.compile("|".join(re.escape(hint) for hint in _HINTS))
+_DIGIT_HINT = re.compile(r"\d{4}[ .-]?\d{4}|[A-Z]{2}\d{2}|\d{3}-\d{2}-\d{4}")
+
+
+def _may_hold_secret(text: str, low: str) -> bool:
+    return (not text.isascii() or _HINT.search(low) is not None
+            or _DIGIT_HINT.search(text) is not None or _LONG_RUN.search(text) is not None)
 
 
 # Passwords in prose: "my password is hunter2", "pw: hunter2", "the passcode was 1234",
@@ -420,31 +427,52 @@ def _base64(match: re.Match) -> str:
     return REDACTED if _scrub(decoded, decode=False) != decoded else found
 
 
+# What each pass needs to find anything, tested once per text with `in` (C speed): a pass
+# whose need is absent cannot match and is skipped. REDACTED, the only text a pass writes,
+# meets none of these needs, so testing them on the text as it came in is enough.
+_DIGIT_PAIR = re.compile(r"\d\d")
+_LONG_RUN = re.compile(r"[A-Za-z0-9+/_-]{16}")
+_PROSE_WORDS = ("pass", "pw", "kennwort", "contrase", "senha")
+
+
 def _scrub(text: str, *, decode: bool = True) -> str:
-    if not _MAYBE_SECRET.search(text):
+    low = text.lower()
+    if not _may_hold_secret(text, low):
         return text
-    text = _PEM_BLOCK.sub(REDACTED, text)
-    text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
-    text = _COOKIE_LINE.sub(lambda m: m[1] + REDACTED, text)
-    text = _pairs(text)
-    if "%3D" in text or "%3d" in text:  # the one pass that reads every word start twice
+    if "-----begin" in low:
+        text = _PEM_BLOCK.sub(REDACTED, text)
+    if "://" in text:
+        text = _USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    if "cookie" in low:
+        text = _COOKIE_LINE.sub(lambda m: m[1] + REDACTED, text)
+    if "=" in text or ":" in text:
+        text = _pairs(text)
+    if "%3d" in low:  # the one pass that reads every word start twice
         text = _ENCODED_PAIR.sub(_encoded_pair, text)
-    text = _SCHEME.sub(_scheme, text)
-    text = _NAMED_VALUE.sub(_named_value, text)
-    text = _VALUE_THEN_NAME.sub(_named_value, text)
-    text = _PROSE_PASSWORD.sub(_prose_password, text)
-    text = _OWNED_PASSWORD.sub(_owned_password, text)
-    text = _CJK_PASSWORD.sub(_cjk_password, text)
-    text = _NAME_SPACE_VALUE.sub(_name_space_value, text)
-    text = _WEBHOOK.sub(lambda m: m["head"] + REDACTED, text)
-    text = _ibans(text)
-    text = _SSN.sub(REDACTED, text)
-    text = _CARD.sub(lambda m: REDACTED if _is_card_number(m[0]) else m[0], text)
-    text = _DOTTED_CARD.sub(lambda m: REDACTED if _is_card_number(m[0]) else m[0], text)
+    if "bearer" in low or "basic" in low:
+        text = _SCHEME.sub(_scheme, text)
+    if ('"' in text or "'" in text) and ":" in text:
+        text = _NAMED_VALUE.sub(_named_value, text)
+        text = _VALUE_THEN_NAME.sub(_named_value, text)
+    if any(word in low for word in _PROSE_WORDS):
+        text = _PROSE_PASSWORD.sub(_prose_password, text)
+        text = _OWNED_PASSWORD.sub(_owned_password, text)
+    if not text.isascii():
+        text = _CJK_PASSWORD.sub(_cjk_password, text)
+    if "_" in text:
+        text = _NAME_SPACE_VALUE.sub(_name_space_value, text)
+    if "hooks" in low:
+        text = _WEBHOOK.sub(lambda m: m["head"] + REDACTED, text)
+    if _DIGIT_PAIR.search(text):
+        text = _ibans(text)
+        text = _SSN.sub(REDACTED, text)
+        text = _CARD.sub(lambda m: REDACTED if _is_card_number(m[0]) else m[0], text)
+        text = _DOTTED_CARD.sub(lambda m: REDACTED if _is_card_number(m[0]) else m[0], text)
     text = _TOKEN_SHAPES.sub(_token_shape, text)
-    text = _AWS_SECRET.sub(_aws_secret, text)
-    if decode:
-        text = _BASE64.sub(_base64, text)
+    if _LONG_RUN.search(text):
+        text = _AWS_SECRET.sub(_aws_secret, text)
+        if decode:
+            text = _BASE64.sub(_base64, text)
     return text
 
 
