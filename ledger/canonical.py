@@ -163,20 +163,27 @@ _WEBHOOK = re.compile(
 )
 # A run that may be base64 (standard or URL-safe): decoded, it is scrubbed as text.
 _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z0-9+/=_-])")
-# A cheap first look, in C speed (`in` on the lower-cased text, two small patterns): text
-# without any of these holds nothing the passes would change. Text that is not ASCII always
-# gets the full look (CJK prose, full-width and zero-width characters).
+# A cheap first look (`in` on the lower-cased text, then two small patterns, each only
+# where it can match): text without any of these holds nothing the passes would change.
+# Text that is not ASCII always gets the full look (CJK prose, full-width and zero-width
+# characters). A loop of `in` tests is quicker than one alternation of the literals, which
+# Python's `re` tries at every position (bench P1: 50 us against 13 us for 400 characters).
 _HINTS = ("=", ":", "@", "bearer", "basic", "sk-", "sk_", "rk_", "whsec_", "akia", "asia",
           "eyj", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "aiza",
           "-----begin", "alk_", "pass", "pw", "ya29.", "glpat-", "hf_", "npm_", "sg.", "hooks",
           "kennwort", "contrase", "senha", "cvv", "cvc", "ssn", "_key", "%3d")
-_HINT = re.compile("|".join(re.escape(hint) for hint in _HINTS))
 _DIGIT_HINT = re.compile(r"\d{4}[ .-]?\d{4}|[A-Z]{2}\d{2}|\d{3}-\d{2}-\d{4}")
 
 
 def _may_hold_secret(text: str, low: str) -> bool:
-    return (not text.isascii() or _HINT.search(low) is not None
-            or _DIGIT_HINT.search(text) is not None or _LONG_RUN.search(text) is not None)
+    if not text.isascii():
+        return True
+    for hint in _HINTS:
+        if hint in low:
+            return True
+    if _DIGIT_PAIR.search(text) is not None and _DIGIT_HINT.search(text) is not None:
+        return True
+    return _LONG_RUN.search(text) is not None
 
 
 # Passwords in prose: "my password is hunter2", "pw: hunter2", "the passcode was 1234",
