@@ -171,7 +171,10 @@ _BASE64 = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z
 _HINTS = ("=", ":", "@", "bearer", "basic", "sk-", "sk_", "rk_", "whsec_", "akia", "asia",
           "eyj", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "xox", "aiza",
           "-----begin", "alk_", "pass", "pw", "ya29.", "glpat-", "hf_", "npm_", "sg.", "hooks",
-          "kennwort", "contrase", "senha", "cvv", "cvc", "ssn", "_key", "%3d")
+          "kennwort", "contrase", "senha", "cvv", "cvc", "ssn", "_key", "%3d",
+          # a secret's name before its value without `=` (`refresh_token X`): is_secret_key
+          "auth", "token", "secret", "cookie", "credential", "session", "csrf", "signature",
+          "apikey")
 _DIGIT_HINT = re.compile(r"\d{4}[ .-]?\d{4}|[A-Z]{2}\d{2}|\d{3}-\d{2}-\d{4}")
 
 
@@ -230,7 +233,7 @@ _TRAILING = ".,;:!?)]}"
 # number does (2-6): the Luhn check then tells a card from an order number.
 _CARD = re.compile(r"(?<![\w-])[2-6]\d{3}(?:[ -]?\d){9,15}(?![\w-])")
 # The same grouped by dots ("4111.1111.1111.1111"); a decimal ("...4444.00") is not one.
-_DOTTED_CARD = re.compile(r"(?<![\w.-])[2-6]\d{3}(?:\.\d{3,6}){2,4}(?![\w-]|\.\d)")
+_DOTTED_CARD = re.compile(r"(?<![\w.-])[2-6]\d{3}(?:\.\d{4,6}){2,4}(?![\w-]|\.\d)")
 # A US social security number as written: AAA-GG-SSSS, with the numbers never issued
 # (area 000, 666, 9xx; group 00; serial 0000) left alone.
 _SSN = re.compile(r"(?<![\w-])(?!000|666|9)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])")

@@ -299,6 +299,8 @@ CORPUS = [
      "Authorization token [redacted]"),
     ("aws_bare", "intent", "secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYQ9AMPLEKEY.",
      "secret [redacted]."),
+    ("token_no_equals", "intent", "then set refresh_token RefreshQ9abc and retry",
+     "then set refresh_token [redacted] and retry"),
     ("aws_no_equals", "episode", "aws configure set aws_secret_access_key AwsSpaceQ9/abc+def",
      "aws configure set aws_secret_access_key [redacted]"),
     ("slack_webhook", "error_detail",
