@@ -130,6 +130,11 @@ def test_fingerprints_of_intents_differing_only_in_a_secret_are_equal():
     ("eyJa-" * 20000, "eyJa-" * 20000),
     ("x://x:" * 20000, "x://x:" * 20000),
     ("a+b-c." * 20000, "a+b-c." * 20000),
+    # The shapes of issue 41: IBAN-like groups, prose without a value, encoded near-misses.
+    ("AB12 " * 20000, "AB12 " * 20000),
+    ("password for " * 20000, "password for " * 20000),
+    ("a%3D%26" * 20000, "a%3D%26" * 20000),
+    ("4111." * 20000, "4111." * 20000),
 ])
 def test_long_runs_of_near_misses_are_read_in_one_pass(text, expected):
     # Each shape starts only where a run of its characters starts: were every near-miss a

@@ -1,8 +1,10 @@
 """Retention policies: which one governs, audited writes, preview, redaction, blockers."""
 
+import re
 from datetime import timedelta
 
 import pytest
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from ledger import chain, retention
@@ -10,6 +12,7 @@ from ledger.canonical import REDACTED
 from ledger.chain import verify
 from ledger.errors import InvalidInput, PermissionDenied
 from ledger.models import (
+    Episode,
     Evidence,
     Operation,
     OperationEvent,
@@ -288,3 +291,142 @@ def test_purge_runs_are_recorded_even_when_nothing_is_eligible():
     assert result.runs == [run]
     assert (run.operations_purged, run.dry_run, run.policy.pattern) == (0, False, "*")
     assert run.finished_at is not None
+
+
+# --- the sanctioned functions act only on what their run's policy governs (issue 41) ------
+
+GOVERNED_TRIES = """
+from django.db import connection, transaction
+
+result = {}
+for name, function, run, pk in tries:
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SELECT {function}(%s, %s)", [run, [pk]])
+            result[name] = ["accepted", [str(row[0]) for row in cursor.fetchall()]]
+    except Exception as exc:
+        result[name] = [getattr(exc.__cause__, "sqlstate", None), str(exc).splitlines()[0]]
+"""
+
+
+def _run_of(policy=None, state_policy=None) -> PurgeRun:
+    return PurgeRun.objects.create(policy=policy, state_policy=state_policy, policy_snapshot={},
+                                   actor="test", batch_size=10, started_at=timezone.now())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reconciler_redacts_and_purges_only_what_its_run_s_policy_governs():
+    from ledger import episodes, retention_state, runs
+    from tests.conftest import TEST_LOGINS
+    from tests.support.processes import run_as
+    from tests.support.retention import retention_admin
+
+    admin = retention_admin()
+    acme = retention.set_policy("acme.*", tenant="acme", purge_after_days=1,
+                                redact_after_days=1, user=admin)
+    every = retention.set_policy("*", purge_after_days=1, redact_after_days=1, user=admin)
+    retention.set_policy("payments.*", purge_after_days=3650, redact_after_days=3650,
+                         user=admin)
+    ops = {"globex": OperationFactory(operation="acme.invoice", tenant="globex",
+                                      state=State.SUCCEEDED),
+           "other_name": OperationFactory(operation="billing.invoice", tenant="acme",
+                                          state=State.SUCCEEDED),
+           "stricter": OperationFactory(operation="payments.charge", tenant="acme",
+                                        state=State.SUCCEEDED),
+           "governed": OperationFactory(operation="acme.invoice", tenant="acme",
+                                        state=State.SUCCEEDED)}
+    for op in ops.values():
+        complete_days_ago(op, 400)
+    chain.seal()
+    globex_run = runs.start("finished elsewhere", tenant="globex", run_id="globex-run")
+    episode = episodes.record(globex_run, "user", content="globex's words")
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        cursor.execute("UPDATE ledger_episode SET created_at = now() - interval '400 days' "
+                       "WHERE id = %s", [episode.pk])
+        cursor.execute("RESET session_replication_role")
+    acme_episodes = retention_state.set_state_policy("episodes", tenant="acme",
+                                                     purge_after_days=1, user=admin)
+    acme_run, every_run, state_run = _run_of(acme), _run_of(every), _run_of(
+        state_policy=acme_episodes)
+    tries = []
+    for function in ("ledger_retention_redact", "ledger_retention_purge"):
+        tries += [(f"{function}:globex", function, acme_run.pk, ops["globex"].pk),
+                  (f"{function}:other_name", function, acme_run.pk, ops["other_name"].pk),
+                  (f"{function}:stricter", function, every_run.pk, ops["stricter"].pk),
+                  (f"{function}:governed", function, acme_run.pk, ops["governed"].pk)]
+    tries.append(("ledger_retention_purge_state:globex", "ledger_retention_purge_state",
+                  state_run.pk, episode.pk))
+
+    found = run_as(TEST_LOGINS["reconciler"], f"tries = {tries!r}\n" + GOVERNED_TRIES)
+
+    governing = {"globex": "the policy \\* \\(every tenant\\)",
+                 "other_name": "the policy \\* \\(every tenant\\)",
+                 "stricter": "the policy payments.\\* \\(every tenant\\)"}
+    for function in ("ledger_retention_redact", "ledger_retention_purge"):
+        doing = "redaction" if function.endswith("redact") else "purge"
+        for name, by in governing.items():
+            outcome = found[f"{function}:{name}"]
+            assert outcome[0] == "23514", f"expected {function} of {name} refused, found {outcome}"
+            op = ops[name]
+            assert re.search(f"operation {op.operation_id} \\({op.operation}, tenant {op.tenant}\\)"
+                             f": expected an operation governed by run \\d+'s policy .* to "
+                             f"{doing}, found it governed by {by}", outcome[1]), outcome[1]
+        assert found[f"{function}:governed"] == ["accepted", [ops["governed"].operation_id]]
+    state_outcome = found["ledger_retention_purge_state:globex"]
+    assert state_outcome[0] == "23514", state_outcome
+    assert "expected an episode of a finished run" in state_outcome[1], state_outcome
+
+    kept = Operation.objects.filter(pk__in=[op.pk for op in ops.values()])
+    assert {op.pk: op.redacted_at for op in kept} == {
+        ops[name].pk: None for name in ("globex", "other_name", "stricter")}
+    assert Episode.objects.filter(pk=episode.pk).exists()
+    # The owner, who could call the functions directly, is held to the same rule.
+    with pytest.raises(DatabaseError, match="expected an operation governed by"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT ledger_retention_purge(%s, %s)",
+                           [acme_run.pk, [ops["globex"].pk]])
+
+
+@pytest.mark.django_db
+def test_the_functions_pick_the_governing_policy_as_resolve_policy_does(admin_user):
+    # The SQL's order of specificity against `retention.specificity`, as the owner: of these
+    # policies, the purge of each operation is accepted under its governing policy's run
+    # alone.
+    from ledger.models import PurgeRun as Run
+
+    for pattern, tenant in [("*", ""), ("*", "acme"), ("articles.*", ""), ("articles.c*", ""),
+                            ("articles.?reate", ""), ("articles.create", ""),
+                            ("art_cles.*", "")]:
+        retention.set_policy(pattern, tenant=tenant, purge_after_days=1, user=admin_user)
+    policies = retention.policies_by_specificity()
+    names = [("articles.create", "acme"), ("articles.create", "globex"),
+             ("articles.crop", "globex"), ("articles.zap", "globex"),
+             ("artXcles.zap", "globex"), ("art_cles.zap", "globex")]
+    ops = []
+    for name, tenant in names:
+        op = OperationFactory(operation=name, tenant=tenant, state=State.SUCCEEDED)
+        complete_days_ago(op, 10)
+        ops.append(op)
+    chain.seal()
+    for op in ops:
+        expected = retention.resolve_policy(op.operation, op.tenant, policies)
+        accepted = []
+        for candidate in policies:
+            run = Run.objects.create(policy=candidate, policy_snapshot={}, actor="t",
+                                     batch_size=1, started_at=timezone.now())
+            try:
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute("SELECT ledger_retention_purge(%s, %s)", [run.pk, [op.pk]])
+                    raise _Undo
+            except _Undo:
+                accepted.append((candidate.pattern, candidate.tenant))
+            except DatabaseError as exc:
+                assert "expected an operation governed by" in str(exc), str(exc)
+        assert accepted == [(expected.pattern, expected.tenant)], (
+            f"{op.operation} in {op.tenant}: expected only {expected} to purge it, found "
+            f"{accepted}")
+
+
+class _Undo(Exception):
+    pass
