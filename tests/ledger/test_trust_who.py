@@ -295,7 +295,7 @@ def test_a_stale_worker_adds_records_and_opens_nothing_and_the_holder_does(world
                                                            fencing_token=token),
     }
     before = snapshot()
-    for name, write in writes.items():
+    for write in writes.values():
         with pytest.raises(StaleFencingToken, match=f"current for {run.lease_resource}"):
             write(old)
     # Without the ledger's own check the write reaches PostgreSQL, which refuses it.
