@@ -79,7 +79,7 @@ def next_fact_id() -> int:
 
 @pytest.fixture
 def world():
-    """Run run-9 leased twice by worker-a (tokens old < new) with three planned operations,
+    """Run run-9 leased twice by worker-a (tokens old < new) with five planned operations,
     its fact order-9 refunded v1 (under the current token) contested by a candidate, and
     run-10 never leased; an operation without a run planned, one succeeded; a reviewer."""
     reviewer = UserFactory(username="reviewer", role="reviewer")
@@ -87,7 +87,7 @@ def world():
     other = runs.start("Another run", run_id="run-10")
     old = leases.acquire(run.lease_resource, "worker-a", MINUTE)
     new = leases.acquire(run.lease_resource, "worker-a", MINUTE)
-    leased = [OperationFactory(run=run, idempotency_key=f"leased-{n}") for n in range(3)]
+    leased = [OperationFactory(run=run, idempotency_key=f"leased-{n}") for n in range(5)]
     fact = facts.assert_fact("order-9", "refunded", False, source="refunds", run=run,
                              fencing_token=new)
     candidate = facts.assert_fact("order-9", "refunded", True, source="support",
@@ -140,7 +140,7 @@ def attempts_for(kind: str, w: dict) -> dict[str, list]:
     """{item: [(name, statements)]}: what `kind` ("owner" for the tables' owner) may try,
     each attempt within its grants."""
     run, old, plain, reviewer = w["run"], w["old"], w["plain"], w["reviewer"]
-    a, b, c = w["leased"]
+    a, b, c, d, e = w["leased"]  # one per submission, so that each attempt is its own
     who = {}
     # 1. Actor kinds outside the closed set: a bare event, and a leased run's submission.
     who["1"] = [(f"event as {forged!r}", [forge_event(plain, forged, version=100 + n)])
@@ -151,8 +151,8 @@ def attempts_for(kind: str, w: dict) -> dict[str, list]:
     two = []
     if kind in ("agent", "owner"):
         two += [
-            ("submitted by the agent without a token", [submit(a, "agent")]),
-            ("submitted by the agent with the old token", [submit(a, "agent", token=old)]),
+            ("submitted by the agent without a token", [submit(d, "agent")]),
+            ("submitted by the agent with the old token", [submit(e, "agent", token=old)]),
             ("fact superseded by a successor without a run",
              supersede(w["fact"], next_fact_id(), run=None)),
             ("fact superseded by a successor of a run never leased",
@@ -195,21 +195,24 @@ def attempts_for(kind: str, w: dict) -> dict[str, list]:
 
 
 def assert_each_refused(found: dict, who: dict, as_whom: str) -> None:
-    """Every attempt refused by PostgreSQL, item by item, the actor kinds by their check."""
+    """Every attempt refused by PostgreSQL, item by item (all items' failures named at
+    once), the actor kinds by their check."""
+    wrong = {}
     for item, attempts in who.items():
-        taken = [name for name, _ in attempts if found[name] is None]
-        assert not taken, f"item {item}: expected PostgreSQL to refuse {as_whom}, found it " \
-                          f"taking {taken}"
         for name, _ in attempts:
+            if found[name] is None:
+                wrong.setdefault(item, []).append(f"{name}: taken")
+                continue
             sqlstate, message = found[name]
-            assert sqlstate in (CHECK, NO_PRIVILEGE), (item, name, found[name])
             # The ledger's checks say what they expected; a grant's refusal is PostgreSQL's
             # own ("permission denied for table ledger_lease": the fence's lock).
-            assert (sqlstate == NO_PRIVILEGE and "permission denied" in message
-                    or "expected" in message and "found" in message), (item, name, message)
-            if item == "1":
-                assert sqlstate == CHECK and message.startswith("operation event") \
-                    and UNKNOWN_KIND in message, (name, message)
+            if not (sqlstate == CHECK and "expected" in message and "found" in message
+                    or sqlstate == NO_PRIVILEGE and "permission denied" in message):
+                wrong.setdefault(item, []).append(f"{name}: {sqlstate} {message}")
+            elif item == "1" and not (sqlstate == CHECK and UNKNOWN_KIND in message):
+                wrong.setdefault(item, []).append(f"{name}: refused otherwise: {message}")
+    assert not wrong, f"expected PostgreSQL to refuse each attempt of {as_whom}, found, " \
+                      f"by item: {json.dumps(wrong, indent=1)}"
 
 
 def flat(who: dict) -> list:
