@@ -9,25 +9,35 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from ledger import runs
+from ledger import leases, runs
 from ledger.canonical import scrub_text
 from ledger.errors import InvalidInput
-from ledger.inputs import check_identifier, check_run_ref, check_string, storable
+from ledger.inputs import (
+    check_fencing_token,
+    check_identifier,
+    check_run_ref,
+    check_string,
+    storable,
+)
 from ledger.models import Episode, Run
 
 MAX_CONTENT_CHARS = 1_000_000
 
 
 def record(
-    run: Run | str, role: str, *, content_ref: str = "", content: str | None = None
+    run: Run | str, role: str, *, content_ref: str = "", content: str | None = None,
+    fencing_token: int | None = None,
 ) -> Episode:
     """Append an episode said by `role` ("user", "assistant", "tool", ...) to `run`.
 
     Give `content`, `content_ref` (where the full text is stored), or both. Credentials
     in either (`Bearer` values, `password=`, signed-URL parameters...) are masked before
-    they are stored.
+    they are stored. With `fencing_token`, StaleFencingToken unless it is the run lease's
+    current token (PostgreSQL checks the token written with the episode too,
+    `episode_fenced`): a worker whose lease was taken over records nothing.
     """
     check_run_ref(run)
+    check_fencing_token(fencing_token)
     check_identifier(role, "role", 50)
     content_ref = scrub_text(check_string(content_ref, "content_ref", 1000))
     if content is not None and not isinstance(content, str):
@@ -41,9 +51,12 @@ def record(
             f"{len(content):,}; store it elsewhere and record a content_ref"
         )
     run = runs.as_run(run)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
+        if fencing_token is not None:
+            leases.check_run(run.pk, fencing_token)
         return Episode.objects.create(
             run=run, tenant=run.tenant, role=role, content_ref=content_ref.strip(),
+            fencing_token=fencing_token,
             # What was said is recorded as it was, only made storable.
             content=scrub_text(storable(content, MAX_CONTENT_CHARS))
             if content is not None else None,

@@ -42,9 +42,11 @@ from ledger.models import (
     FactStatus,
     Run,
 )
+from ledger.models.execution import REVIEWER_SOURCE
 from ledger.selectors import facts as fact_reads
 
-REVIEWER_SOURCE_PREFIX = "reviewer:"
+# A person's decision's source; PostgreSQL knows it too (fact_fenced, fact_decided).
+REVIEWER_SOURCE_PREFIX = REVIEWER_SOURCE
 
 
 def assert_fact(

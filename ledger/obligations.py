@@ -49,9 +49,10 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     whatever its state (the deadline of an existing obligation is left as it was).
 
     The same key naming another run or kind raises IdempotencyKeyReused. With
-    `fencing_token`, StaleFencingToken unless it is the run lease's current token; without
-    one it is not fenced (like `receipts.record_intent`: an open obligation has no effect,
-    its commit is fenced).
+    `fencing_token`, StaleFencingToken unless it is the run lease's current token (written
+    with the row as `opened_token`, which PostgreSQL checks too: obligation_opened_fenced);
+    without one it is not fenced (like `receipts.record_intent`: an open obligation has no
+    effect, its commit is fenced).
     """
     check_run_ref(run)
     check_identifier(kind, "kind", 200)
@@ -59,12 +60,14 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     check_aware(deadline, "deadline")
     check_fencing_token(fencing_token)
     run = runs.as_run(run)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
         if fencing_token is not None:
             leases.check_run(run.pk, fencing_token)
         # ON CONFLICT DO NOTHING: a concurrent opener of the same key reads the winner's row.
+        # The token is written with it: PostgreSQL checks it too (obligation_opened_fenced).
         Obligation.objects.bulk_create(
-            [Obligation(run=run, tenant=run.tenant, kind=kind, key=key, deadline=deadline)],
+            [Obligation(run=run, tenant=run.tenant, kind=kind, key=key, deadline=deadline,
+                        opened_token=fencing_token)],
             ignore_conflicts=True,
         )
         obligation = Obligation.objects.select_related("run").get(tenant=run.tenant, key=key)

@@ -140,17 +140,23 @@ def start(objective: str, *, tenant: str = "default", run_id: str | None = None)
 
 
 def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = (),
-             tenant: str | None = None) -> Step:
+             tenant: str | None = None, fencing_token: int | None = None) -> Step:
     """Add step `step_id` (pending) to `run`, depending on steps already added to it.
 
     Adding the same step with the same dependencies again returns it; other dependencies
     raise InvalidInput. A dependency must exist before the step that needs it, so steps
-    never depend on each other in a cycle.
+    never depend on each other in a cycle. With `fencing_token`, StaleFencingToken unless
+    it is the run lease's current token (PostgreSQL checks the token written with the step
+    too, `step_added_fenced`); without one it is not fenced (a pending step has no effect,
+    its start and commit are fenced).
     """
     check_identifier(step_id, "step_id", 100)
     wanted = check_names(depends_on, "depends_on", 100)
+    check_fencing_token(fencing_token)
     run = as_run(run, tenant=tenant)
-    with transaction.atomic(durable=True):
+    with leases.refused_as_stale(), transaction.atomic(durable=True):
+        if fencing_token is not None:
+            leases.check_run(run.pk, fencing_token)
         deps = list(Step.objects.filter(run=run, step_id__in=wanted))
         unknown = sorted(set(wanted) - {d.step_id for d in deps})
         if unknown:
@@ -158,7 +164,8 @@ def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = (),
                 f"expected the dependencies of {step_id} to be steps already added to run "
                 f"{run.run_id}, found no step {', '.join(unknown)}"
             )
-        step, created = Step.objects.get_or_create(run=run, step_id=step_id)
+        step, created = Step.objects.get_or_create(
+            run=run, step_id=step_id, defaults={"added_token": fencing_token})
         if created:
             step.depends_on.set(deps)
             return step

@@ -42,6 +42,34 @@ def run_fence_sql(run_pk: str, token: str, change: str) -> str:
 """
 
 
+def run_token_given_sql(run_pk: str, token: str, change: str) -> str:
+    """PL/pgSQL that refuses a write naming a fencing token (`token` not NULL) that is not
+    its run lease's current token, or that names one for a run never leased (as
+    ledger.leases.check_run does for a token given): what fences the rows a worker adds to
+    a run (a step, an obligation, an episode), whose INSERT carries the token it was
+    written under. Needs `lease record` declared; the caller's WHEN clause skips rows
+    written without a token."""
+    return f"""
+    SELECT l.token, l.resource INTO lease
+      FROM ledger_run r
+      JOIN ledger_lease l ON l.resource = {RUN_LEASE}
+     WHERE r.id = {run_pk}
+       FOR SHARE OF l;
+    IF NOT FOUND OR ({token}) IS DISTINCT FROM lease.token THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected fencing token %s to be current for the lease of the '
+                             'run of %s, found %s', ({token}), {change},
+                             CASE WHEN NOT FOUND THEN 'no lease at all (the run was never '
+                                                      'leased)'
+                                  ELSE 'current token ' || lease.token || ' of '
+                                       || lease.resource END),
+            DETAIL = COALESCE(lease.token::text, ''),
+            HINT = '{FENCE_HINT}';
+    END IF;
+    RETURN NEW;
+"""
+
+
 class StepState(models.TextChoices):
     PENDING = "pending", "Pending"
     STARTED = "started", "Started"
@@ -56,6 +84,13 @@ _STEP_CHECK = """
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('step %s: expected its run, step_id and created_at to stay '
                              'unchanged, found an UPDATE changing them', OLD.step_id);
+    END IF;
+    IF NEW.added_token IS DISTINCT FROM OLD.added_token THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('step %s: expected the token it was added under to stay %s, '
+                             'found an UPDATE changing it to %s', OLD.step_id,
+                             COALESCE(OLD.added_token::text, 'none'),
+                             COALESCE(NEW.added_token::text, 'none'));
     END IF;
     IF NEW.started_token IS DISTINCT FROM OLD.started_token
        AND (OLD.state, NEW.state) IS DISTINCT FROM ('pending', 'started')
@@ -113,6 +148,9 @@ _STEP_FENCED = run_fence_sql(
     "CASE NEW.state WHEN 'started' THEN NEW.started_token ELSE NEW.committed_token END",
     "format('step %s moving %s -> %s', NEW.step_id, OLD.state, NEW.state)",
 ) + "    RETURN NEW;\n"
+# A step added under a token (`runs.add_step(fencing_token=)`): only the current one.
+_STEP_ADDED_FENCED = run_token_given_sql(
+    "NEW.run_id", "NEW.added_token", "format('step %s added', NEW.step_id)")
 
 
 class Run(models.Model):
@@ -160,6 +198,8 @@ class Step(models.Model):
     # The run lease's token each change was made under (None: the run was not leased).
     started_token = models.BigIntegerField(null=True, blank=True)
     committed_token = models.BigIntegerField(null=True, blank=True)
+    # The token it was added under (`add_step(fencing_token=)`); None: added without one.
+    added_token = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -190,6 +230,14 @@ class Step(models.Model):
                 condition=pgtrigger.Condition('OLD."state" IS DISTINCT FROM NEW."state"'),
                 declare=[("lease", "record")],
                 func=_STEP_FENCED,
+            ),
+            Trigger(
+                name="step_added_fenced",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition('NEW."added_token" IS NOT NULL'),
+                declare=[("lease", "record")],
+                func=_STEP_ADDED_FENCED,
             ),
         ]
 

@@ -16,8 +16,11 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
-from ledger.models.coordination import run_fence_sql
-from ledger.models.triggers import SANCTIONED, Protect, Trigger
+from ledger.models.coordination import RUN_LEASE, run_fence_sql, run_token_given_sql
+from ledger.models.triggers import FENCE_HINT, SANCTIONED, Protect, Trigger
+
+# The source of a person's decision on a fact conflict (ledger.facts.REVIEWER_SOURCE_PREFIX).
+REVIEWER_SOURCE = "reviewer:"
 
 
 class FactStatus(models.TextChoices):
@@ -157,11 +160,12 @@ _OBLIGATION_ONCE = f"""
     END IF;
     IF NEW.key IS DISTINCT FROM OLD.key OR NEW.run_id IS DISTINCT FROM OLD.run_id
        OR NEW.kind IS DISTINCT FROM OLD.kind OR NEW.tenant IS DISTINCT FROM OLD.tenant
-       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at
+       OR NEW.opened_token IS DISTINCT FROM OLD.opened_token THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
-            MESSAGE = format('obligation %s: expected its key, run, kind, tenant and '
-                             'created_at to stay unchanged, found an UPDATE changing them',
-                             OLD.key);
+            MESSAGE = format('obligation %s: expected its key, run, kind, tenant, '
+                             'created_at and opened_token to stay unchanged, found an '
+                             'UPDATE changing them', OLD.key);
     END IF;
     RETURN NEW;
 """
@@ -186,10 +190,73 @@ _OBLIGATION_FENCED = run_fence_sql(
     "NEW.run_id", "NEW.fencing_token",
     "format('obligation %s moving %s -> %s', NEW.key, OLD.state, NEW.state)",
 ) + "    RETURN NEW;\n"
-_FACT_FENCED = run_fence_sql(
+# An obligation opened, or an episode recorded, under a token: only the current one.
+_OBLIGATION_OPENED_FENCED = run_token_given_sql(
+    "NEW.run_id", "NEW.opened_token", "format('obligation %s opened', NEW.key)")
+_EPISODE_FENCED = run_token_given_sql(
+    "NEW.run_id", "NEW.fencing_token", "format('an episode said by %s', NEW.role)")
+
+# The fence follows the fact's run, and a fact's successor is of its predecessor's run: a
+# successor written without a run inherits it (so the fence below holds it to that run's
+# lease), and one of another run is refused while the predecessor's run is leased (its
+# worker's token is not that lease's). The one successor of a leased run's fact written
+# without its token is a person's decision on a conflict (ledger.facts.resolve_conflict,
+# source `reviewer:<username>`, from the desk's role), which fact_decided holds to the
+# FactDecision its transaction writes for it.
+_FACT_FENCED = f"""
+    IF NEW.version > 1 THEN
+        SELECT f.id, f.run_id, f.version INTO prev FROM ledger_fact f
+         WHERE f.superseded_by_id = NEW.id;
+        IF FOUND AND prev.run_id IS NOT NULL
+           AND prev.run_id IS DISTINCT FROM NEW.run_id THEN
+            IF NEW.run_id IS NULL THEN
+                NEW.run_id := prev.run_id;
+                IF NEW.fencing_token IS NULL AND NEW.source LIKE '{REVIEWER_SOURCE}%'
+                   AND ledger_session_is('ledger_desk') THEN
+                    RETURN NEW;
+                END IF;
+            ELSE
+                SELECT l.token, l.resource INTO lease
+                  FROM ledger_run r
+                  JOIN ledger_lease l ON l.resource = {RUN_LEASE}
+                 WHERE r.id = prev.run_id
+                   FOR SHARE OF l;
+                IF FOUND THEN
+                    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                        MESSAGE = format('expected the successor of fact %s %s version %s to '
+                                         'be of its run (leased: %s, token %s), found it '
+                                         'of another run', NEW.subject, NEW.predicate,
+                                         prev.version, lease.resource, lease.token),
+                        DETAIL = lease.token::text,
+                        HINT = '{FENCE_HINT}';
+                END IF;
+            END IF;
+        END IF;
+    END IF;
+    IF NEW.run_id IS NULL THEN
+        RETURN NEW;
+    END IF;
+""" + run_fence_sql(
     "NEW.run_id", "NEW.fencing_token",
     "format('fact %s %s of its run', NEW.subject, NEW.predicate)",
 ) + "    RETURN NEW;\n"
+
+# At the commit of a person's successor of a leased run's fact written without the lease's
+# token (fact_fenced let it through for the desk): the FactDecision naming it, which
+# ledger_fact_decision_person_check holds to a person allowed to decide.
+_FACT_DECIDED = f"""
+    IF EXISTS (SELECT 1 FROM ledger_run r JOIN ledger_lease l ON l.resource = {RUN_LEASE}
+                WHERE r.id = NEW.run_id)
+       AND NOT EXISTS (SELECT 1 FROM ledger_factdecision d WHERE d.written_id = NEW.id) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('fact %s %s version %s: expected a successor of a leased run''s '
+                             'fact written without the lease''s token to be a person''s '
+                             'decision (a FactDecision naming it, in its transaction), found '
+                             'none', NEW.subject, NEW.predicate, NEW.version),
+            HINT = '{FENCE_HINT}';
+    END IF;
+    RETURN NULL;
+"""
 
 
 class FactQuerySet(models.QuerySet):
@@ -290,9 +357,20 @@ class Fact(models.Model):
                 name="fact_fenced",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
-                condition=pgtrigger.Condition('NEW."run_id" IS NOT NULL'),
-                declare=[("lease", "record")],
+                condition=pgtrigger.Condition('NEW."run_id" IS NOT NULL OR NEW."version" > 1'),
+                declare=[("lease", "record"), ("prev", "record")],
                 func=_FACT_FENCED,
+            ),
+            Trigger(
+                name="fact_decided",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.After,
+                timing=pgtrigger.Deferred,
+                condition=pgtrigger.Condition(
+                    f"NEW.run_id IS NOT NULL AND NEW.fencing_token IS NULL "
+                    f"AND NEW.version > 1 AND NEW.source LIKE '{REVIEWER_SOURCE}%'"
+                ),
+                func=_FACT_DECIDED,
             ),
         ]
 
@@ -463,6 +541,8 @@ class Obligation(models.Model):
     cancel_reason = models.TextField(blank=True)
     # The run lease's token it was settled under (None: open, or its run was not leased).
     fencing_token = models.BigIntegerField(null=True, blank=True)
+    # The token it was opened under (`obligations.open(fencing_token=)`); None: without one.
+    opened_token = models.BigIntegerField(null=True, blank=True)
 
     objects = ObligationQuerySet.as_manager()
 
@@ -510,6 +590,14 @@ class Obligation(models.Model):
                 declare=[("lease", "record")],
                 func=_OBLIGATION_FENCED,
             ),
+            Trigger(
+                name="obligation_opened_fenced",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition('NEW."opened_token" IS NOT NULL'),
+                declare=[("lease", "record")],
+                func=_OBLIGATION_OPENED_FENCED,
+            ),
         ]
 
     def __str__(self):
@@ -538,6 +626,9 @@ class Episode(models.Model):
     content_ref = models.CharField(max_length=1000, blank=True)
     content = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # The run lease's token it was recorded under (`episodes.record(fencing_token=)`);
+    # None: recorded without one.
+    fencing_token = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["run", "created_at", "id"], name="episode_run_idx")]
@@ -545,6 +636,14 @@ class Episode(models.Model):
         triggers = [
             RetainedAppendOnly(
                 name="episode_append_only", operation=pgtrigger.Update | pgtrigger.Delete
+            ),
+            Trigger(
+                name="episode_fenced",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition('NEW."fencing_token" IS NOT NULL'),
+                declare=[("lease", "record")],
+                func=_EPISODE_FENCED,
             ),
         ]
 

@@ -33,10 +33,14 @@ def _event_recorded(from_state: str) -> str:
     RETURN NULL;
 """
 
-# Leased runs are fenced (ledger.leases.check_run), by the database too: an agent's change
-# of an operation whose run has a lease must carry the lease's current token. The lease row
-# is share-locked to the commit, so no newer token is handed out before it. Not a new
-# receipt (from_state ''): a planned operation has no effect.
+# Leased runs are fenced (ledger.leases.check_run), by the database too: a change of an
+# operation whose run has a lease must carry the lease's current token. The fence follows
+# the row's run, not the actor kind the writer names: every agent's change, and every move
+# into or out of submitted whoever claims to make it (no person's, reconciler's or system
+# move submits a call; the one move out of submitted that is not the sender's, the sweep's
+# submitted -> outcome_unknown, is the reconciler role's alone: ledger_event_actor_check).
+# The lease row is share-locked to the commit, so no newer token is handed out before it.
+# Not a new receipt (from_state ''): a planned operation has no effect.
 _EVENT_FENCED = f"""
     SELECT l.token, l.resource INTO lease
       FROM ledger_operation o
@@ -46,13 +50,19 @@ _EVENT_FENCED = f"""
        FOR SHARE OF l;
     IF FOUND AND NEW.fencing_token IS DISTINCT FROM lease.token THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
-            MESSAGE = format('expected the current fencing token %s of %s on an agent''s '
-                             'change %s -> %s of its operation, found %s', lease.token,
-                             lease.resource, NEW.from_state, NEW.to_state,
-                             COALESCE(NEW.fencing_token::text, 'no token'));
+            MESSAGE = format('expected the current fencing token %s of %s on the change '
+                             '%s -> %s of its operation (actor kind %s), found %s',
+                             lease.token, lease.resource, NEW.from_state, NEW.to_state,
+                             NEW.actor_kind, COALESCE(NEW.fencing_token::text, 'no token'));
     END IF;
     RETURN NEW;
 """
+# Which events the run fence looks at (its WHEN clause: the rest pay nothing).
+_EVENT_FENCED_WHEN = (
+    f"NEW.from_state > '' AND (NEW.actor_kind NOT IN ('{ActorKind.HUMAN}', "
+    f"'{ActorKind.RECONCILER}', '{ActorKind.SYSTEM}') OR NEW.to_state = '{State.SUBMITTED}' "
+    f"OR (NEW.from_state = '{State.SUBMITTED}' AND NEW.actor_kind <> '{ActorKind.SYSTEM}'))"
+)
 
 # No effect before its dependencies: an operation of a step is submitted (from planned, or
 # again from safe_to_retry) only once every step that step depends on is committed. A
@@ -165,7 +175,8 @@ _EVENT_SEALED_ONCE = """
 # transition makes of it; an AFTER trigger (at the end of the statement) finds the event.
 #
 # Without a version step (no transition) only two changes pass: the duplicate mark another
-# operation's success sets on its succeeded twins (`duplicate`, in that success's statement),
+# operation's success sets on its succeeded twins (`duplicate`, in that success's statement,
+# which operation_duplicate_with_its_event holds it to),
 # and retention's redaction inside its sanctioned function. With one (the transition check
 # admits a step only with a state change, a terminal operation's flag or re-read, or an
 # approver's intent edit): the columns below only as the named moves change them, the rest
@@ -281,6 +292,33 @@ _EVENT_IN_STATEMENT = """
                                   ELSE format('an event of %s -> %s, external_id %L',
                                               event.from_state, event.to_state,
                                               event.external_id) END);
+    END IF;
+    RETURN NULL;
+"""
+
+# The one change of a column without a version step (and so without an event of its own)
+# that operation_with_its_event admits, the duplicate mark of a succeeded operation, is the
+# mark of its twin's success: at the end of the statement, that statement wrote the event
+# of a twin (same tenant, operation and fingerprint) moving to succeeded (the `duplicates`
+# CTE of ledger.transitions.CHANGE_OPERATION). A bare UPDATE of the mark, by any role or the
+# owner, has no such event and is refused; a person's or a reconciler's flag steps the
+# version and writes its own event (CHANGE_FLAG).
+_DUPLICATE_WITH_ITS_EVENT = f"""
+    PERFORM 1
+       FROM ledger_operation me, ledger_operation twin
+       JOIN ledger_operationevent e ON e.operation_id = twin.id AND e.version = twin.version
+      WHERE me.id = NEW.id
+        AND twin.tenant = NEW.tenant AND twin.operation = NEW.operation
+        AND twin.intent_fingerprint = NEW.intent_fingerprint AND twin.id <> NEW.id
+        AND e.to_state = '{State.SUCCEEDED}' AND e.from_state <> '{State.SUCCEEDED}'
+        AND e.xmin = me.xmin AND e.cmin = me.cmin;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('operation %s: expected its conflict mark to change only with '
+                             'its event (a flag''s own event, or the duplicate mark written by '
+                             'the statement recording a twin''s success), found an UPDATE of '
+                             'conflict %L -> %L at version %s with no such event',
+                             NEW.operation_id, OLD.conflict, NEW.conflict, NEW.version);
     END IF;
     RETURN NULL;
 """
@@ -581,6 +619,15 @@ class Operation(models.Model):
                 declare=[("event", "record")],
                 func=_EVENT_IN_STATEMENT,
             ),
+            Trigger(
+                name="operation_duplicate_with_its_event",
+                operation=pgtrigger.Update,
+                when=pgtrigger.After,
+                condition=pgtrigger.Condition(
+                    "OLD.version = NEW.version AND OLD.conflict IS DISTINCT FROM NEW.conflict"
+                ),
+                func=_DUPLICATE_WITH_ITS_EVENT,
+            ),
             GATE_TRIGGER,
             # Named to fire before the gate (triggers fire in name order): a step's
             # dependencies are the first thing an agent is told it lacks.
@@ -684,6 +731,15 @@ class OperationEvent(models.Model):
                 fields=["operation", "version"], name="event_one_per_operation_version"
             ),
             models.UniqueConstraint(fields=["tenant", "chain_seq"], name="event_chain_seq_unique"),
+            # Who wrote it is one of four kinds, spelled exactly: each non-agent kind is held
+            # to its role (ledger_event_actor_check), and no other spelling slips past both
+            # that check and the fence, whoever writes it, the owner too.
+            models.CheckConstraint(
+                condition=models.Q(actor_kind__in=ActorKind.values),
+                name="event_actor_kind_known",
+                violation_error_message="expected an actor kind among agent, human, "
+                                        "reconciler, system (spelled exactly)",
+            ),
             models.CheckConstraint(
                 condition=models.Q(chain_seq__isnull=True, chain_hash__isnull=True)
                 | models.Q(chain_seq__gte=1, chain_hash__isnull=False,
@@ -723,8 +779,7 @@ class OperationEvent(models.Model):
                 name="event_fenced",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
-                condition=pgtrigger.Q(new__actor_kind=ActorKind.AGENT,
-                                      new__from_state__gt=""),
+                condition=pgtrigger.Condition(_EVENT_FENCED_WHEN),
                 declare=[("lease", "record")],
                 func=_EVENT_FENCED,
             ),

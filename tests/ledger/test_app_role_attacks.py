@@ -554,7 +554,8 @@ def test_everyday_work_runs_each_part_as_its_kinds_role(db):
     assert Evidence.objects.filter(operation=lost, verdict="found").exists()
 
 
-def test_a_settled_receipt_refuses_naming_the_columns_and_keeps_its_conflict_flag(world):
+def test_a_settled_receipt_refuses_naming_the_columns_and_its_conflict_flag_needs_its_event(
+        world):
     op = world.succeeded
     with as_app() as cursor:
         with pytest.raises(DatabaseError, match=(
@@ -563,8 +564,13 @@ def test_a_settled_receipt_refuses_naming_the_columns_and_keeps_its_conflict_fla
                 r"external_id in state succeeded")), transaction.atomic():
             cursor.execute("UPDATE ledger_operation SET external_id = 'forged', "
                            "completed_at = now() WHERE id = %s", [op.pk])
-        # The flag a person's acknowledgement or a duplicate changes is not the receipt.
-        cursor.execute("UPDATE ledger_operation SET conflict = 'duplicate' WHERE id = %s",
-                       [op.pk])
+        # The flag is not the receipt, but it changes only with its event (issue 41): a
+        # flag's own, or the success of a twin in the same statement.
+        with pytest.raises(DatabaseError, match=(
+                rf"operation {op.operation_id}: expected its conflict mark to change only "
+                r"with its event .* found an UPDATE of conflict '' -> 'duplicate'")), \
+                transaction.atomic():
+            cursor.execute("UPDATE ledger_operation SET conflict = 'duplicate' WHERE id = %s",
+                           [op.pk])
     op.refresh_from_db()
-    assert (op.conflict, op.external_id) == ("duplicate", "")
+    assert (op.conflict, op.external_id) == ("", "")
