@@ -182,9 +182,13 @@ def timestamp(value: datetime) -> str:
 
 # Events linked per transaction: a batch is one function call (and one UPDATE of its rows).
 SEAL_BATCH = 1000
-# The advisory lock a sealer takes per tenant (its first key; the second is the tenant's
-# hash): a second sealer skips the tenant rather than wait (its work would be refused).
-_SEAL_LOCK = 0x5E41
+
+
+def seal_lock_name(tenant: str) -> str:
+    """The worker's lock a sealer takes per tenant (`ledger_worker_lock`, a row lock only the
+    reconciler's role may take): a second sealer skips the tenant rather than wait (its work
+    would be refused), and no agent's or person's login can hold it to stall the sealer."""
+    return f"seal:{tenant}"
 
 
 def seal(*, tenant: str | None = None, limit: int = SEAL_BATCH) -> int:
@@ -225,8 +229,7 @@ def _unsealed_tenants() -> list[str]:
 def _seal_batch(tenant: str, limit: int) -> int:
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))",
-                           [_SEAL_LOCK, tenant])
+            cursor.execute("SELECT ledger_worker_lock(%s)", [seal_lock_name(tenant)])
             if not cursor.fetchone()[0]:
                 return 0
         head = (ChainHead.objects.filter(chain=OPERATION_EVENTS.name, tenant=tenant)

@@ -89,6 +89,9 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     },
     # approvals: an agent asks; people decide (policies, the request's status)
     "ledger_approvalpolicy": {DESK: "INSERT, UPDATE"},
+    # (the trigger approval_request_check: an agent's request is pending, of its
+    # operation's tenant, asking at least what the policies ask; only the desk marks it
+    # approved, with enough live approvals, or denied, with a person's denial)
     "ledger_approvalrequest": {
         AGENT: "INSERT, UPDATE (tenant, note, requested_by, approvals_needed, status, "
                "requested_at, decided_at)",
@@ -125,10 +128,14 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_step": {AGENT: "INSERT, UPDATE (state, started_at, committed_at, started_token, "
                            "committed_token)"},
     "ledger_step_depends_on": {AGENT: "INSERT"},
-    "ledger_lease": {
-        AGENT: "INSERT, UPDATE (owner, token, acquired_at, expires_at)",
-        RECONCILER: "INSERT, UPDATE (owner, token, acquired_at, expires_at)",
-    },
+    # leases change only through ledger_lease_acquire / _renew / _release (FUNCTIONS). The
+    # one column's UPDATE is there because the fences share-lock the lease row (FOR SHARE
+    # needs UPDATE on a column): the trigger lease_change_check refuses every UPDATE that
+    # is not the functions'.
+    "ledger_lease": {AGENT: "UPDATE (acquired_at)", RECONCILER: "UPDATE (acquired_at)"},
+    # the workers' locks: taken only through ledger_worker_lock (FUNCTIONS); no role may
+    # write or lock a row itself, so no agent's or person's login holds a worker's lock
+    "ledger_workerlock": {},
     # people and keys: the desk's
     "ledger_tenantaccess": {DESK: "INSERT, DELETE"},
     "ledger_agentkey": {DESK: "INSERT, UPDATE (revoked_at, revoked_by_name)"},
@@ -141,6 +148,11 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ledger_retention_purge_state(bigint, bigint[])": (RECONCILER,),
     "ledger_seal_events(varchar, bigint[], varchar[], bigint, varchar)": (RECONCILER,),
     "ledger_person_may(bigint, text, text)": (DESK,),
+    "ledger_lease_acquire(text, text, interval)": (AGENT, RECONCILER),
+    "ledger_lease_renew(text, text, bigint, interval)": (AGENT, RECONCILER),
+    "ledger_lease_release(text, text, bigint)": (AGENT, RECONCILER),
+    # the sealer's and the notification loop's locks (ledger.chain, ledger.notifications)
+    "ledger_worker_lock(text)": (RECONCILER,),
 }
 
 # Django's own tables (auth, sessions, admin log, content types, axes): the desk's alone.

@@ -7,8 +7,13 @@ carries a token can be refused once someone newer took over (`check`). A run's l
 exists (`check_run`: a write without a token is refused too). Times come from the database
 clock (`now()`), never from the caller's.
 
-Each change is one statement (atomic alone, or part of the caller's transaction, with no
-savepoint around it), prepared: reconcilers take and release a lease per operation.
+Each change is one call of a PostgreSQL function (atomic alone, or part of the caller's
+transaction, with no savepoint around it), prepared: reconcilers take and release a lease
+per operation. The functions (`ledger_lease_acquire`, `ledger_lease_renew`,
+`ledger_lease_release`, migration 0042) are the only way any application role changes a
+lease: they hand out the tokens and refuse a take-over of a live lease, so a login that
+calls SQL itself can neither rewind a token nor take a lease still held (the trigger
+`lease_change_check` refuses its UPDATE).
 """
 
 from __future__ import annotations
@@ -50,28 +55,10 @@ def acquire(resource: str, owner: str, ttl: timedelta) -> int:
     _check_names(resource, owner)
     _check_ttl(ttl)
     with prepared_cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO ledger_lease (resource, owner, token, acquired_at, expires_at)
-            VALUES (%s, %s, 1, clock_timestamp(), clock_timestamp() + %s)
-            ON CONFLICT (resource) DO UPDATE
-               SET owner = EXCLUDED.owner,
-                   token = ledger_lease.token + 1,
-                   acquired_at = clock_timestamp(),
-                   expires_at = EXCLUDED.expires_at
-             WHERE ledger_lease.expires_at <= clock_timestamp()
-                OR ledger_lease.owner = EXCLUDED.owner
-            RETURNING token
-            """,
-            [resource, owner, ttl],
-        )
-        row = cursor.fetchone()
-        if row is not None:
-            return row[0]
-        cursor.execute(
-            "SELECT owner, expires_at, token FROM ledger_lease WHERE resource = %s", [resource]
-        )
-        holder, expires_at, token = cursor.fetchone()
+        cursor.execute("SELECT * FROM ledger_lease_acquire(%s, %s, %s)", [resource, owner, ttl])
+        acquired, token, holder, expires_at = cursor.fetchone()
+    if acquired:
+        return token
     raise LeaseHeld(
         f"expected {resource} to be free or expired for {owner}, found it held by {holder} "
         f"(token {token}) until {expires_at.isoformat()}",
@@ -88,34 +75,21 @@ def renew(resource: str, owner: str, token: int, ttl: timedelta):
     _check_names(resource, owner, token)
     _check_ttl(ttl)
     with prepared_cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE ledger_lease SET expires_at = clock_timestamp() + %s
-             WHERE resource = %s AND owner = %s AND token = %s
-            RETURNING expires_at
-            """,
-            [ttl, resource, owner, token],
-        )
-        row = cursor.fetchone()
-    if row is None:
+        cursor.execute("SELECT ledger_lease_renew(%s, %s, %s, %s)",
+                       [resource, owner, token, ttl])
+        expires_at = cursor.fetchone()[0]
+    if expires_at is None:
         _raise_stale(resource, token, owner=owner)
-    return row[0]
+    return expires_at
 
 
 def release(resource: str, owner: str, token: int) -> None:
     """End the lease now. The row stays, so the next token is still larger."""
     _check_names(resource, owner, token)
     with prepared_cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE ledger_lease SET expires_at = clock_timestamp()
-             WHERE resource = %s AND owner = %s AND token = %s
-            RETURNING token
-            """,
-            [resource, owner, token],
-        )
-        row = cursor.fetchone()
-    if row is None:
+        cursor.execute("SELECT ledger_lease_release(%s, %s, %s)", [resource, owner, token])
+        released = cursor.fetchone()[0]
+    if not released:
         _raise_stale(resource, token, owner=owner)
 
 

@@ -436,19 +436,24 @@ def _insert_new_items(channel: NotificationChannel, batch: NotificationBatch, ca
         return sorted(cursor.fetchall(), key=lambda r: (r[3], r[1], r[0]))
 
 
+def notify_lock_name(channel_id: int) -> str:
+    """The worker's lock of one channel's collecting (`ledger_worker_lock`)."""
+    return f"notify:{channel_id}"
+
+
 def _collect_channel(channel_id: int, *, now: datetime) -> NotificationBatch | None:
     """One channel's new items as one batch, or None. Holds the channel's collecting lock
     for the transaction (a channel another worker is collecting is left to it); the unique
     constraint on (channel, reason, item) decides what is new even without the lock.
 
-    The lock is an advisory one on (the channel table, the channel's id), not a row lock:
-    `FOR UPDATE` needs the UPDATE privilege, which the notification loop's role
-    (ledger_reconciler) is not granted on channels (they are the desk's)."""
+    The lock is the worker's lock `notify:<channel id>` (`ledger_worker_lock`, a row of
+    ledger_workerlock that only the reconciler's role may lock), not a row lock on the
+    channel: `FOR UPDATE` needs the UPDATE privilege, which the notification loop's role
+    (ledger_reconciler) is not granted on channels (they are the desk's); nor an advisory
+    lock, which any login may take and hold to stall the loop."""
     with transaction.atomic(durable=True):
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock("
-                           "'ledger_notificationchannel'::regclass::oid::integer, %s)",
-                           [channel_id])
+            cursor.execute("SELECT ledger_worker_lock(%s)", [notify_lock_name(channel_id)])
             if not cursor.fetchone()[0]:
                 return None
         channel = NotificationChannel.objects.filter(pk=channel_id, is_active=True).first()

@@ -16,6 +16,7 @@ from ledger.models.coordination import (
     StepState,
     TenantAccess,
     TenantAccessChange,
+    WorkerLock,
 )
 from ledger.models.desk import Claim, OperationNote, SavedView
 from ledger.models.execution import (
@@ -87,4 +88,5 @@ __all__ = [
     "StepState",
     "TenantAccess",
     "TenantAccessChange",
+    "WorkerLock",
 ]

@@ -43,6 +43,19 @@ def pattern_matches_sql(operation: str, pattern: str = "p.pattern") -> str:
             "'?', '_')")
 
 
+def policy_people_sql(*, tenant: str, operation: str) -> str:
+    """The people the policies of `tenant` matching `operation` ask (0: none), as
+    `ApprovalPolicy.people_needed` counts them (consequential: at least two). SQL, the
+    arguments SQL expressions."""
+    return f"""
+    (SELECT COALESCE(MAX(CASE WHEN p.consequential THEN GREATEST(p.approvals_needed, 2)
+                              ELSE p.approvals_needed END), 0)
+       FROM ledger_approvalpolicy p
+      WHERE p.tenant = {tenant} AND p.requires_approval
+        AND {pattern_matches_sql(operation)})
+    """
+
+
 # How ledger.approvals tells the gate's refusal from any other check violation.
 GATE_HINT = "ledger.approvals: approve it first"
 # ... and the two-person rule's refusal of a decision without a proposal.
@@ -127,6 +140,112 @@ TWO_PERSON_TRIGGER = Trigger(
                              'ledger.receipts.resolve records it), found none',
                              NEW.from_state, NEW.to_state, NEW.version, NEW.to_state,
                              NEW.version - 1, NEW.decided_by_id);
+    END IF;
+    RETURN NEW;
+    """,
+)
+
+
+# On ledger_approvalrequest (installed with ApprovalRequest): the request's tenant is its
+# operation's; an agent asks (a pending request, of a planned operation, asking at least
+# what the policies ask and never fewer than one person); only the desk marks it approved
+# (when enough distinct people's approvals of the operation's current fingerprint were
+# live at `decided_at`) or denied (when a person's denial is recorded), and the count of
+# people asked changes only when it is asked again. Whoever writes, the owner included.
+APPROVAL_REQUEST_TRIGGER = Trigger(
+    name="approval_request_check",
+    operation=pgtrigger.Insert | pgtrigger.Update,
+    when=pgtrigger.Before,
+    declare=[("op", "record"), ("needed", "integer"), ("have", "integer")],
+    func=f"""
+    SELECT o.operation_id, o.tenant, o.operation, o.state, o.intent_fingerprint INTO op
+      FROM ledger_operation o WHERE o.id = NEW.operation_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation',
+            MESSAGE = format('approval request: expected an existing operation, found id %s',
+                             NEW.operation_id);
+    END IF;
+    IF NEW.tenant IS DISTINCT FROM op.tenant THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('approval request of operation %s: expected its operation''s '
+                             'tenant %s, found %s', op.operation_id, op.tenant, NEW.tenant);
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.operation_id IS DISTINCT FROM OLD.operation_id THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('approval request of operation %s: expected its operation '
+                             'unchanged, found an UPDATE moving it', op.operation_id);
+    END IF;
+    IF TG_OP = 'INSERT' AND NEW.status IS DISTINCT FROM 'pending' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('approval request of operation %s: expected a new request '
+                             'pending (people decide it), found %s', op.operation_id,
+                             NEW.status);
+    END IF;
+    needed := GREATEST(1, {policy_people_sql(tenant="op.tenant", operation="op.operation")
+                           .replace("%%", "%")});
+    IF NEW.status = 'pending' THEN
+        IF op.state IS DISTINCT FROM 'planned' OR NEW.decided_at IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('approval request of operation %s: expected a pending '
+                                 'request of a planned operation, undecided, found the '
+                                 'operation %s, decided at %s', op.operation_id, op.state,
+                                 COALESCE(NEW.decided_at::text, 'never'));
+        END IF;
+        IF NEW.approvals_needed < needed THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('approval request of operation %s: expected at least %s '
+                                 'approval(s) asked (the policies of tenant %s, at least one '
+                                 'person), found %s', op.operation_id, needed, op.tenant,
+                                 NEW.approvals_needed);
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF NEW.approvals_needed IS DISTINCT FROM OLD.approvals_needed THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('approval request of operation %s: expected the people asked to '
+                             'change only when the agent asks again (pending), found %s -> %s '
+                             'on a %s request', op.operation_id, OLD.approvals_needed,
+                             NEW.approvals_needed, NEW.status);
+    END IF;
+    IF NEW.status IS NOT DISTINCT FROM OLD.status
+       AND NEW.decided_at IS NOT DISTINCT FROM OLD.decided_at THEN
+        RETURN NEW;
+    END IF;
+    IF NOT ledger_session_is('ledger_desk') THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('approval request of operation %s: expected a request approved '
+                             'or denied by the desk (a session in role ledger_desk), found '
+                             'status %s from role %s', op.operation_id, NEW.status,
+                             current_user);
+    END IF;
+    IF NEW.status = 'approved' THEN
+        SELECT COUNT(DISTINCT a.decided_by_id) INTO have FROM ledger_approval a
+         WHERE a.operation_id = NEW.operation_id
+           AND a.intent_fingerprint = op.intent_fingerprint AND a.decision = 'approve'
+           AND a.created_at <= NEW.decided_at AND a.expires_at > NEW.decided_at;
+        needed := GREATEST(needed, NEW.approvals_needed);
+        IF NEW.decided_at IS NULL OR have < needed THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('approval request of operation %s: expected %s live '
+                                 'approval(s) of fingerprint %s at its decision (%s) to mark '
+                                 'it approved, found %s', op.operation_id, needed,
+                                 op.intent_fingerprint,
+                                 COALESCE(NEW.decided_at::text, 'no time'), have);
+        END IF;
+    ELSIF NEW.status = 'denied' THEN
+        IF NEW.decided_at IS NULL OR NOT EXISTS (
+                SELECT 1 FROM ledger_approval a
+                 WHERE a.operation_id = NEW.operation_id AND a.decision = 'deny') THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('approval request of operation %s: expected a person''s '
+                                 'denial recorded, with its time, to mark it denied, found '
+                                 'none (decided at %s)', op.operation_id,
+                                 COALESCE(NEW.decided_at::text, 'no time'));
+        END IF;
+    ELSE
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('approval request of operation %s: expected status pending, '
+                             'approved or denied, found %s', op.operation_id, NEW.status);
     END IF;
     RETURN NEW;
     """,

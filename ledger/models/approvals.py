@@ -10,6 +10,7 @@ checks it again on every planned -> submitted (`gate_sql`, used by the trigger o
 from django.conf import settings
 from django.db import models
 
+from ledger.models.approval_gate import APPROVAL_REQUEST_TRIGGER
 from ledger.models.changes import ChangeRecord
 from ledger.models.operations import AppendOnly
 
@@ -92,6 +93,10 @@ class ApprovalRequest(models.Model):
     append-only Approval rows). `approvals_needed` is what the policies asked when it was
     requested, at least 1: an operation whose agent asked stays gated even if no policy
     matches (PostgreSQL reads it too).
+
+    PostgreSQL holds the rules of who writes what (`APPROVAL_REQUEST_TRIGGER`): an agent
+    creates a pending request, for the operation's own tenant, asking at least what the
+    policies ask; only the desk marks it approved (enough live approvals) or denied.
     """
 
     class Status(models.TextChoices):
@@ -115,6 +120,7 @@ class ApprovalRequest(models.Model):
             models.Index(fields=["requested_at", "id"], name="approval_request_pending_idx",
                          condition=models.Q(status="pending")),
         ]
+        triggers = [APPROVAL_REQUEST_TRIGGER]
 
     def __str__(self):
         return f"approval of {self.operation_id}: {self.status}"

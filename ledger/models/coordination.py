@@ -249,8 +249,56 @@ class Step(models.Model):
         return self.state == StepState.COMMITTED
 
 
+# Whether the session's role (current_user) is the table's owner or a member of it: inside
+# the SECURITY DEFINER functions of migration 0042 it is; an application role never is.
+TABLE_OWNER_SESSION = """EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                  WHERE c.oid = TG_RELID
+                    AND pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER'))"""
+
+# A lease row changes only inside ledger_lease_acquire / _renew / _release (migration 0042,
+# SECURITY DEFINER, run as the tables' owner): every other role is refused, whatever its
+# grants (the fences' FOR SHARE needs UPDATE on one column, ledger.db_roles). Whoever
+# writes, even the owner: the resource stays, the token never decreases, and a live lease
+# is never taken over by another holder.
+_LEASE_CHECK = f"""
+    IF NOT {TABLE_OWNER_SESSION} THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('lease %s: expected a lease taken, renewed or released only '
+                             'through ledger_lease_acquire, ledger_lease_renew or '
+                             'ledger_lease_release (ledger.leases), found a direct %s from '
+                             'role %s', NEW.resource, TG_OP, current_user);
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.resource IS DISTINCT FROM OLD.resource THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('lease %s: expected its resource unchanged, found %s',
+                                 OLD.resource, NEW.resource);
+        END IF;
+        IF NEW.token < OLD.token THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('lease %s: expected its fencing token never to decrease, '
+                                 'found %s -> %s', OLD.resource, OLD.token, NEW.token);
+        END IF;
+        IF NEW.owner IS DISTINCT FROM OLD.owner
+           AND (OLD.expires_at > clock_timestamp() OR NEW.token <= OLD.token) THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('lease %s: expected a new holder only once the lease expired '
+                                 'and with a larger token, found %s (token %s, live until %s) '
+                                 'replaced by %s (token %s)', OLD.resource, OLD.owner,
+                                 OLD.token, OLD.expires_at, NEW.owner, NEW.token);
+        END IF;
+    END IF;
+    RETURN NEW;
+"""
+
+
 class Lease(models.Model):
-    """A time-limited claim on a resource. `token` only ever grows (fencing)."""
+    """A time-limited claim on a resource. `token` only ever grows (fencing).
+
+    Written only by PostgreSQL's functions `ledger_lease_acquire`, `ledger_lease_renew` and
+    `ledger_lease_release` (`ledger.leases` calls them); the rows are never deleted, so the
+    next token is still larger.
+    """
 
     resource = models.CharField(max_length=200, unique=True)
     owner = models.CharField(max_length=200)
@@ -260,9 +308,47 @@ class Lease(models.Model):
 
     class Meta:
         ordering = ["resource"]
+        triggers = [
+            Trigger(
+                name="lease_change_check",
+                operation=pgtrigger.Insert | pgtrigger.Update,
+                when=pgtrigger.Before,
+                func=_LEASE_CHECK,
+            ),
+            Trigger(
+                name="lease_never_deleted",
+                operation=pgtrigger.Delete,
+                when=pgtrigger.Before,
+                func="""
+    RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+        MESSAGE = format('lease %s: expected a lease row to stay (the next token grows from '
+                         'it), found a DELETE from role %s', OLD.resource, current_user);
+""",
+            ),
+        ]
 
     def __str__(self):
         return f"{self.resource} held by {self.owner} (token {self.token})"
+
+
+class WorkerLock(models.Model):
+    """The background workers' locks: a row per lock, locked FOR UPDATE to the end of the
+    worker's transaction (the sealer's per tenant, `seal:<tenant>`; the notification loop's
+    per channel, `notify:<channel id>`).
+
+    Taken only through `ledger_worker_lock(name)` (SECURITY DEFINER, EXECUTE for the
+    reconciler's role, migration 0042): no application role may write or lock the rows,
+    which takes UPDATE, so an agent's or the desk's login cannot hold a worker's lock and
+    stall it, as any login could with the advisory locks this replaces.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
 
 
 class TenantAccess(models.Model):

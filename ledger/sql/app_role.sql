@@ -28,7 +28,9 @@
 --   of migration 0035 (superseded facts, episodes, settled obligations); they audit
 --   themselves;
 --   and on the sealer's `ledger_seal_events` (migration 0025), the only way an event's
---   chain position and hash are set (once, on an unsealed event);
+--   chain position and hash are set (once, on an unsealed event); on the lease functions
+--   and the workers' lock of migration 0042, the only way a lease changes or a worker's
+--   lock is taken;
 -- * never TRUNCATE, REFERENCES or TRIGGER, never CREATE on the schema, never ownership; the
 --   script refuses a role that is a superuser, owns ledger tables or is a member of their
 --   owner (it could switch the rules off).
@@ -103,7 +105,11 @@ DECLARE
         'ledger_run', 'INSERT',
         'ledger_step', 'INSERT, UPDATE (state, started_at, committed_at)',
         'ledger_step_depends_on', 'INSERT',
-        'ledger_lease', 'INSERT, UPDATE (owner, token, acquired_at, expires_at)',
+        -- leases: through ledger_lease_acquire / _renew / _release only (the column's
+        -- UPDATE lets the fences share-lock a lease; lease_change_check refuses it)
+        'ledger_lease', 'UPDATE (acquired_at)',
+        -- the workers' locks: through ledger_worker_lock only
+        'ledger_workerlock', '',
         -- people and keys
         'ledger_tenantaccess', 'INSERT, DELETE',
         'ledger_agentkey', 'INSERT, UPDATE (revoked_at, revoked_by_name)'
@@ -158,5 +164,9 @@ BEGIN
                    'TO %I', app_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_seal_events(varchar, bigint[], varchar[], '
                    'bigint, varchar) TO %I', app_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_lease_acquire(text, text, interval), '
+                   'ledger_lease_renew(text, text, bigint, interval), '
+                   'ledger_lease_release(text, text, bigint), ledger_worker_lock(text) TO %I',
+                   app_role);
 END
 $app_role$;

@@ -214,9 +214,12 @@ def test_an_approval_that_expired_before_sending_puts_the_request_back_on_the_li
     approvals.set_policy("payments.*", user=admin_user, ttl=timedelta(hours=1))
     op = OperationFactory(operation="payments.send")
     approvals.request(op, note="pay")
-    approvals.approve(op, user=reviewer, now=timezone.now() - timedelta(hours=2))
-    # As if it had been approved two hours ago and the agent had not sent it since.
-    ApprovalRequest.objects.filter(operation=op).update(status="approved")
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    approvals.approve(op, user=reviewer, now=two_hours_ago)
+    # As if it had been approved two hours ago and the agent had not sent it since
+    # (PostgreSQL admits `approved` only with the approvals live at `decided_at`).
+    ApprovalRequest.objects.filter(operation=op).update(status="approved",
+                                                        decided_at=two_hours_ago)
     client.force_login(reviewer)
     page = client.get(reverse("review:awaiting")).content.decode()
     assert f'data-operation="{op.operation_id}"' in page
