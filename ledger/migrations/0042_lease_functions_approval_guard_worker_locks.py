@@ -125,7 +125,7 @@ DROP FUNCTION IF EXISTS ledger_lease_checked(text, text, interval);
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0040_run_unfinished_tenant_lease'),
+        ('ledger', '0041_actor_kind_closed_fence_by_run'),
     ]
 
     operations = [

@@ -52,7 +52,7 @@ GOVERNED_ONLY = _PREVIOUS.PURGE_REFERRING_FIRST.replace(_AGE_CHECK, _GOVERNED + 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("ledger", "0040_run_unfinished_tenant_lease"),
+        ("ledger", "0042_lease_functions_approval_guard_worker_locks"),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0040_run_unfinished_tenant_lease'),
+        ('ledger', '0044_retention_acts_on_its_policy_rows'),
     ]
 
     operations = [
