@@ -13,10 +13,17 @@ key, its name the actor on every event):
            tool's own output schema, a cancellation: outcome_unknown; a result: succeeded
            with the result stored (unless the configured external id is missing: then
            outcome_unknown, for the reconciler to read)
-    succeeded -> the stored result, not forwarded
-    submitted / outcome_unknown / reconciling / manual_review -> a tool error telling the
-        model the outcome is not known yet and not to retry; never a second forward
+    succeeded -> the stored result, marked as a replay, not forwarded
+    submitted -> "in flight": another call of the same key is being sent now; call again
+        shortly (`_meta` agent-ledger/in-flight); never a second forward
+    outcome_unknown / reconciling / manual_review -> a tool error telling the model the
+        outcome is not known yet and not to retry; never a second forward
     rejected / abandoned -> a tool error saying so; not forwarded
+    Every answer from a stored receipt is marked a replay: `_meta` agent-ledger/replayed,
+    the operation id and when it was sent, and a first sentence "Not sent again: ...".
+    A reply that comes after the call was settled answers from the settled record.
+    Every request (lists, reads, prompts, completions, any tool call) first checks that
+    the key is live and holds the gateway's tenant.
 
 The ledger's writes run on Django's thread-sensitive worker thread (`sync_to_async`), one
 whole write per hop, so no transaction spans an await and the event loop never waits on
@@ -47,6 +54,7 @@ from ledger.canonical import canonical_json, redact, scrub_text
 from ledger.errors import (
     ApprovalDenied,
     ApprovalRequired,
+    IllegalTransition,
     InvalidInput,
     LedgerError,
     PermissionDenied,
@@ -63,6 +71,16 @@ NOT_EXECUTED = {types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND
                 types.INVALID_PARAMS}
 UNKNOWN_STATES = {State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING,
                   State.MANUAL_REVIEW}
+
+# The `_meta` of an answer from a stored receipt (a replay) or of a call in flight.
+META_REPLAYED = "agent-ledger/replayed"
+META_IN_FLIGHT = "agent-ledger/in-flight"
+META_OPERATION = "agent-ledger/operation-id"
+META_SENT_AT = "agent-ledger/sent-at"
+META_RETRY_AFTER = "agent-ledger/retry-after"
+META_LATE = "agent-ledger/late-reply"
+META_STATE = "agent-ledger/state"
+IN_FLIGHT_RETRY_AFTER = 1  # seconds
 
 
 class Principal:
@@ -210,27 +228,49 @@ class Gateway:
     async def _upstream(self):
         return await self.link.client(self.config.upstream.connect_timeout)
 
+    async def _authorized(self, ctx) -> tuple[AgentKey, str]:
+        """(the request's live key, the gateway's tenant), checked before any request
+        reaches the upstream: every list, read, prompt, completion and tool call, whether
+        its tool is consequential or not. A key that is revoked, or not granted the
+        gateway's tenant, is refused with a JSON-RPC error saying so."""
+        try:
+            return await _db(self._key_and_tenant)(ctx)
+        except LedgerError as exc:
+            raise MCPError(types.INVALID_REQUEST,
+                           f"Refused by the ledger ({type(exc).__name__}): {exc}") from None
+
+    def _key_and_tenant(self, ctx) -> tuple[AgentKey, str]:
+        key = self.principal.current(ctx)
+        if key is None:
+            raise PermissionDenied("expected a live agent key, found it revoked or unknown")
+        return key, self._tenant(key)
+
     async def _list_tools(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.list_tools(params=_page(params)))
 
     def _forward(self, method: str):
         async def handler(ctx, params):
+            await self._authorized(ctx)
             client = await self._upstream()
             return await self._guard(client, getattr(client.session, method)(
                 params=_page(params)))
         return handler
 
     async def _read_resource(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.read_resource(params.uri))
 
     async def _get_prompt(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.get_prompt(params.name,
                                                                    params.arguments))
 
     async def _complete(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.complete(
             params.ref, params.argument.model_dump(), context_arguments=(
@@ -256,6 +296,7 @@ class Gateway:
     async def _call_tool(self, ctx, params: types.CallToolRequestParams):
         tool = self.config.tool(params.name)
         arguments = dict(params.arguments or {})
+        key, tenant = await self._authorized(ctx)
         if not tool.is_consequential:
             client = await self._upstream()
             try:
@@ -263,17 +304,19 @@ class Gateway:
             except RuntimeError as exc:  # the SDK's check of the tool's output schema
                 return tool_error(f"The upstream's result of {params.name} broke the output "
                                   f"schema it declares: {exc}")
-        return await self._consequential(ctx, tool, arguments, params)
+        return await self._consequential(ctx, key, tenant, tool, arguments, params)
 
     # --- a consequential call ------------------------------------------------------------
 
-    async def _consequential(self, ctx, tool: cfg.Tool, arguments: dict[str, Any],
-                             params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _consequential(self, ctx, key: AgentKey, tenant: str, tool: cfg.Tool,
+                             arguments: dict[str, Any], params: types.CallToolRequestParams
+                             ) -> types.CallToolResult:
         meta = params.meta if params.meta is not None else {}
         if not isinstance(meta, dict):
             meta = meta.model_dump(by_alias=True)
         try:
-            op = await _db(self._record)(ctx, tool, arguments, self._session_of(ctx), meta)
+            op = await _db(self._record)(key, tenant, tool, arguments,
+                                         self._session_of(ctx), meta)
         except LedgerError as exc:
             return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
         while True:
@@ -299,12 +342,8 @@ class Gateway:
                 return await self._send(tool, op, arguments)
             return await self._settled(tool, op)
 
-    def _record(self, ctx, tool: cfg.Tool, arguments, session: str | None,
-                meta: dict[str, Any]) -> Operation:
-        key = self.principal.current(ctx)
-        if key is None:
-            raise PermissionDenied("expected a live agent key, found it revoked or unknown")
-        tenant = self._tenant(key)
+    def _record(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments,
+                session: str | None, meta: dict[str, Any]) -> Operation:
         check_json(arguments, what="arguments")
         idempotency_key = self._key(tool, arguments, session, meta)
         stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
@@ -405,7 +444,16 @@ class Gateway:
                           actor=getattr(op, "_gateway_actor", None))
 
     async def _send(self, tool: cfg.Tool, op: Operation, arguments) -> types.CallToolResult:
-        """Forward the submitted call and record how it ended; never retries."""
+        """Forward the submitted call and record how it ended; never retries. A reply that
+        arrives after the call was settled (the sweep and a reconciler, or a person, moved
+        it first) answers from the settled record, never with a protocol error."""
+        try:
+            return await self._forward_call(tool, op, arguments)
+        except _MovedOn as moved:
+            return _late(moved.current, moved.reply)
+
+    async def _forward_call(self, tool: cfg.Tool, op: Operation, arguments
+                            ) -> types.CallToolResult:
         client = None
         try:
             client = await self.link.client(tool.timeout)
@@ -428,8 +476,11 @@ class Gateway:
             # Cancelled (the client gave up, the gateway is stopping): the request may
             # have reached the upstream.
             with anyio.CancelScope(shield=True):
-                await self._finish(op, State.OUTCOME_UNKNOWN, error_code="cancelled",
-                                   detail="the call was cancelled after it was forwarded")
+                try:
+                    await self._finish(op, State.OUTCOME_UNKNOWN, error_code="cancelled",
+                                       detail="the call was cancelled after it was forwarded")
+                except _MovedOn:
+                    pass  # settled meanwhile: nothing to record, the cancellation goes on
             raise
         if not isinstance(result, types.CallToolResult):
             return await self._unknown(tool, op, "unexpected_result",
@@ -477,7 +528,14 @@ class Gateway:
     async def _finish(self, op: Operation, state: str, *, error_code: str = "",
                       detail: str = "", result: types.CallToolResult | None = None,
                       external_id: str | None = None) -> None:
-        await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+        """Record the outcome; _MovedOn (with the operation as it stands) when it was
+        settled before this reply came (StaleVersion, IllegalTransition)."""
+        try:
+            await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+        except (StaleVersion, IllegalTransition):
+            current = await _db(Operation.objects.get)(pk=op.pk)
+            raise _MovedOn(current, result if state == State.SUCCEEDED else None,
+                           ) from None
 
     def _write_outcome(self, op, state, error_code, detail, result, external_id) -> None:
         actor = getattr(op, "_gateway_actor", None)
@@ -511,27 +569,90 @@ class Gateway:
         return stored, ""
 
     async def _settled(self, tool: cfg.Tool, op: Operation) -> types.CallToolResult:
-        """What a call of a key that is not to be sent gets."""
+        """What a call of a key that is not to be sent gets. An ended call's answer is a
+        replay, marked as one (`_meta` and a first sentence), never a fresh result."""
         if op.state == State.SUCCEEDED:
             if op.result is None:
                 why = (f"its result was not stored: {op.result_unstorable}"
                        if op.result_unstorable else "it was confirmed by reading the "
                        "upstream (or by a person), so the original result is not on record")
-                return tool_error(
+                return _replayed(op, tool_error(
                     f"Already done: operation {op.operation} ({op.operation_id}) succeeded"
                     f" (external id {op.external_id or 'none'}); {why}. It is not sent "
-                    "again; do not retry.")
-            return types.CallToolResult.model_validate(op.result)
+                    "again; do not retry."))
+            result = types.CallToolResult.model_validate(op.result)
+            result.content = [types.TextContent(type="text", text=replay_sentence(op)),
+                              *result.content]
+            return _replayed(op, result)
         if op.state == State.REJECTED:
-            return tool_error(
+            return _replayed(op, tool_error(
                 f"Rejected earlier: the upstream refused operation {op.operation} "
                 f"({op.operation_id}) with {op.error_code}: {op.error_detail}. The same call "
-                "is not sent again; change the arguments to make a different call.")
+                "is not sent again; change the arguments to make a different call."))
         if op.state == State.ABANDONED:
-            return tool_error(
+            return _replayed(op, tool_error(
                 f"Abandoned: a person decided operation {op.operation} ({op.operation_id}) "
-                "must not happen. It is not sent; do not retry.")
+                "must not happen. It is not sent; do not retry."))
+        if op.state == State.SUBMITTED:
+            answer = tool_error(
+                f"In flight: operation {op.operation} ({op.operation_id}) is being sent right "
+                "now by another call with the same key; this call sent nothing. Call again "
+                f"in {IN_FLIGHT_RETRY_AFTER} s with the same arguments to get its outcome.")
+            answer.meta = {META_IN_FLIGHT: True, META_OPERATION: op.operation_id,
+                           META_RETRY_AFTER: IN_FLIGHT_RETRY_AFTER}
+            return answer
         return tool_error(_unknown_text(op, op.error_code or op.state))
+
+
+class _MovedOn(Exception):
+    """The operation moved on before the gateway recorded its call's outcome."""
+
+    def __init__(self, current: Operation, reply: types.CallToolResult | None):
+        super().__init__(current.state)
+        self.current = current
+        self.reply = reply
+
+
+def _late(op: Operation, reply: types.CallToolResult | None) -> types.CallToolResult:
+    """The answer to a call whose reply came after its operation was settled: the
+    upstream's own reply when the record agrees it succeeded; else a tool error naming the
+    operation and where it stands."""
+    meta = {META_LATE: True, META_OPERATION: op.operation_id, META_STATE: op.state}
+    if op.state == State.SUCCEEDED and reply is not None:
+        reply.meta = {**(reply.meta or {}), **meta}
+        return reply
+    if op.state == State.SUCCEEDED:
+        text = (f"Late reply: operation {op.operation} ({op.operation_id}) was already "
+                f"settled as succeeded (external id {op.external_id or 'none'}) when the "
+                "upstream's reply arrived. It is done; do not retry.")
+    elif op.state in (State.REJECTED, State.ABANDONED, State.SAFE_TO_RETRY):
+        text = (f"Late reply: operation {op.operation} ({op.operation_id}) was already "
+                f"settled as {op.state} when the upstream's reply arrived; the ledger's "
+                "record stands and a person should look at it on the review desk. Do not "
+                "retry.")
+    else:
+        text = (f"Late reply: operation {op.operation} ({op.operation_id}) moved on to "
+                f"{op.state} before the upstream's reply arrived. "
+                + _unknown_text(op, op.error_code or op.state))
+    answer = tool_error(text)
+    answer.meta = meta
+    return answer
+
+
+def replay_sentence(op: Operation) -> str:
+    return (f"Not sent again: this repeats call {op.operation} ({op.operation_id}) sent at "
+            f"{_iso(op.submitted_at)}; its recorded result follows.")
+
+
+def _replayed(op: Operation, result: types.CallToolResult) -> types.CallToolResult:
+    """`result`, marked as answered from operation `op`'s receipt."""
+    result.meta = {**(result.meta or {}), META_REPLAYED: True,
+                   META_OPERATION: op.operation_id, META_SENT_AT: _iso(op.submitted_at)}
+    return result
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
 
 
 def _page(params) -> types.PaginatedRequestParams | None:

@@ -9,7 +9,8 @@ Tools:
 - find_invoice(reference): the read tool: {"status": "found", "invoice": {...}} or
   {"status": "absent", "invoice": null}.
 - noop(n): does nothing (the benchmark).
-A resource (invoices://count) and a prompt (summary) show non-tool requests passing through.
+A resource (invoices://count), a prompt (summary) and completions show non-tool requests
+passing through.
 `--http PORT` serves it over Streamable HTTP instead of stdio.
 
 UPSTREAM_BEHAVIOUR changes what create_invoice answers, after the effect is committed:
@@ -135,10 +136,14 @@ async def get_prompt(ctx, params) -> types.GetPromptResult:
         role="user", content=types.TextContent(type="text", text="Summarize the invoices."))])
 
 
+async def complete(ctx, params) -> types.CompleteResult:
+    return types.CompleteResult(completion=types.Completion(values=["acme", "ada"]))
+
+
 server = Server("invoices-upstream", version="1", on_list_tools=list_tools,
                 on_call_tool=call_tool, on_list_resources=list_resources,
                 on_read_resource=read_resource, on_list_prompts=list_prompts,
-                on_get_prompt=get_prompt)
+                on_get_prompt=get_prompt, on_completion=complete)
 
 
 async def main() -> None:

@@ -11,15 +11,18 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 import pytest
 from django.db import connection
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
 from ledger import approvals
 from ledger.models import Operation
@@ -122,8 +125,10 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
 
             done = await client.call_tool("create_invoice", invoice("r-1"))
             assert not done.is_error and done.structured_content["id"] == "inv-1"
+            assert "agent-ledger/replayed" not in (done.meta or {})
             again = await client.call_tool("create_invoice", invoice("r-1"))
             assert again.structured_content == done.structured_content
+            replays["r-1"] = (done, again)
 
             lost_reply = await client.call_tool("create_invoice", invoice("r-2"))
             assert lost_reply.is_error
@@ -160,9 +165,20 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
             assert found.is_error and "Already done" in found.content[0].text
             assert "inv-2" in found.content[0].text
 
+    replays = {}
     anyio.run(session)
     assert [i["reference"] for i in invoices(tmp_path)] == ["r-1", "r-2", "r-3"]
     ops = {op.intent["arguments"]["reference"]: op for op in Operation.objects.all()}
+    # A replay says it is one: in _meta, and in its first sentence.
+    done, again = replays["r-1"]
+    sent_at = ops["r-1"].submitted_at.isoformat()
+    assert {k: v for k, v in again.meta.items() if k.startswith("agent-ledger/")} == {
+        "agent-ledger/replayed": True, "agent-ledger/operation-id": ops["r-1"].operation_id,
+        "agent-ledger/sent-at": sent_at}
+    assert again.content[0].text == (
+        f"Not sent again: this repeats call invoices.create ({ops['r-1'].operation_id}) "
+        f"sent at {sent_at}; its recorded result follows.")
+    assert [c.text for c in again.content[1:]] == [c.text for c in done.content]
     assert {ref: op.state for ref, op in ops.items()} == {
         "r-1": "succeeded", "r-2": "succeeded", "r-3": "succeeded"}
     assert [ops[r].external_id for r in ("r-1", "r-2", "r-3")] == ["inv-1", "inv-2", "inv-3"]
@@ -322,7 +338,10 @@ def test_with_approval_wait_the_gateway_waits_for_the_decision(make_key, tmp_pat
 
 def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_path):
     secret = make_key("http-billing-bot")
+    other_tenant = make_key("globex-bot", tenants=["globex"])
     config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('name = "billing"',
+                                                 'name = "billing"\ntenant = "default"'))
     port = free_port()
     log = open(tmp_path / "gateway.log", "w+")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -346,11 +365,38 @@ def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_pa
             http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
             async with http, Client(streamable_http_client(url, http_client=http),
                                     mode="legacy", cache=None) as client:
+                completed = await client.complete(
+                    types.PromptReference(type="ref/prompt", name="summary"),
+                    {"name": "customer", "value": "a"})
+                assert completed.completion.values == ["acme", "ada"]
                 first = await client.call_tool("create_invoice", invoice("h-1"))
                 again = await client.call_tool("create_invoice", invoice("h-1"))
                 assert first.structured_content == again.structured_content
                 return first
 
+        async def refused():
+            """Another tenant's key: every request kind is refused before the upstream."""
+            messages = []
+            async with over_http(url, other_tenant) as client:
+                for request in (
+                        client.list_tools(), client.list_resources(),
+                        client.list_resource_templates(),
+                        client.read_resource("invoices://count"), client.list_prompts(),
+                        client.get_prompt("summary", {}),
+                        client.complete(types.PromptReference(type="ref/prompt",
+                                                              name="summary"),
+                                        {"name": "x", "value": "y"}),
+                        client.call_tool("find_invoice", {"reference": "h-1"}),
+                        client.call_tool("create_invoice", invoice("h-9"))):
+                    with pytest.raises(MCPError) as caught:
+                        await request
+                    messages.append(caught.value.error.message)
+            return messages
+
+        for message in anyio.run(refused):
+            assert message == ("Refused by the ledger (PermissionDenied): expected key "
+                               "globex-bot to be granted tenant 'default', found it scoped "
+                               "to ['globex']"), message
         first = anyio.run(session)
         second = anyio.run(session)  # a new MCP session: a new effect, by design
         assert first.structured_content["id"] == "inv-1"
@@ -371,6 +417,29 @@ def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_pa
         proc.terminate()
         proc.wait(timeout=20)
         log.close()
+
+
+@contextmanager
+def gateway_over_http(config: Path, tmp_path: Path):
+    """`manage.py mcp_gateway --http` on a free port; yields its /mcp URL."""
+    port = free_port()
+    log = open(tmp_path / f"gateway-{port}.log", "w+")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "mcp_gateway", "--config", str(config), "--http",
+         f"127.0.0.1:{port}"], cwd=ROOT, env=gateway_env(""), stdout=log,
+        stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, proc, log)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def over_http(url: str, secret: str) -> Client:
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
+    return Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log) -> None:
@@ -465,3 +534,9 @@ def test_a_gateway_without_a_live_key_does_not_start(make_key, tmp_path):
     assert done.returncode != 0 and "expected an agent key in $LEDGER_AGENT_KEY" in done.stderr
     done = run_gateway(config, "alk_" + "x" * 43)
     assert done.returncode != 0 and "expected a live agent key" in done.stderr
+    config.write_text(config.read_text().replace('name = "billing"',
+                                                 'name = "billing"\ntenant = "acme"'))
+    done = run_gateway(config, make_key("default-bot"))
+    assert done.returncode != 0
+    assert ("expected key default-bot to be granted tenant 'acme', found it scoped to "
+            "['default']") in done.stderr
