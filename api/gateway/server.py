@@ -8,9 +8,11 @@ key, its name the actor on every event):
 
     record the intent (redacted, or only `keep`) under the call's idempotency key
     state planned / safe_to_retry -> mark submitted (an approval policy may hold it here)
-        -> forward -> isError result: rejected; a JSON-RPC refusal that says the tool did
-           not run: rejected; a timeout, a closed connection, a result that breaks the
-           tool's own output schema, a cancellation: outcome_unknown; a result: succeeded
+        -> forward -> isError result: rejected (or outcome_unknown, as the tool's
+           on_error / rejected_when / unknown_when classify it); a JSON-RPC refusal that
+           says the tool did not run: rejected; a timeout, a closed connection, a
+           result that breaks the tool's own output schema, a cancellation:
+           outcome_unknown; a result: succeeded
            with the result stored (unless the configured external id is missing: then
            outcome_unknown, for the reconciler to read)
     succeeded -> the stored result, marked as a replay, not forwarded
@@ -35,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import uuid
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -81,6 +84,7 @@ META_RETRY_AFTER = "agent-ledger/retry-after"
 META_LATE = "agent-ledger/late-reply"
 META_STATE = "agent-ledger/state"
 IN_FLIGHT_RETRY_AFTER = 1  # seconds
+MAX_RECENT = 10_000  # sessions x tools whose last call the gateway remembers
 
 
 class Principal:
@@ -136,6 +140,8 @@ class Gateway:
         self.principal = principal
         self.link = UpstreamLink(config.upstream)
         self.stdio_session = ""
+        # (session, tool) -> the session's last call of the tool (its default key)
+        self._recent: dict[tuple[str, str], _Recent] = {}
         self.server = self._build_server()
 
     # --- life cycle --------------------------------------------------------------------
@@ -314,9 +320,24 @@ class Gateway:
         meta = params.meta if params.meta is not None else {}
         if not isinstance(meta, dict):
             meta = meta.model_dump(by_alias=True)
+        session = self._session_of(ctx)
         try:
-            op = await _db(self._record)(key, tenant, tool, arguments,
-                                         self._session_of(ctx), meta)
+            idempotency_key, recent = self._key(tool, arguments, session, meta)
+        except LedgerError as exc:
+            return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+        try:
+            return await self._run_call(key, tenant, tool, arguments, session,
+                                        idempotency_key)
+        finally:
+            if recent is not None:
+                recent.ended()
+
+    async def _run_call(self, key: AgentKey, tenant: str, tool: cfg.Tool,
+                        arguments: dict[str, Any], session: str | None,
+                        idempotency_key: str) -> types.CallToolResult:
+        try:
+            op = await _db(self._record)(key, tenant, tool, arguments, session,
+                                         idempotency_key)
         except LedgerError as exc:
             return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
         while True:
@@ -343,9 +364,7 @@ class Gateway:
             return await self._settled(tool, op)
 
     def _record(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments,
-                session: str | None, meta: dict[str, Any]) -> Operation:
-        check_json(arguments, what="arguments")
-        idempotency_key = self._key(tool, arguments, session, meta)
+                session: str | None, idempotency_key: str) -> Operation:
         stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
         # The MCP session, named so the desk can show it: on stdio the gateway's own id of
         # its one client; over HTTP a digest of the Mcp-Session-Id (the id itself lets its
@@ -375,14 +394,18 @@ class Gateway:
                                    f"found it scoped to {sorted(key.tenants)}")
         return tenant
 
-    def _key(self, tool: cfg.Tool, arguments, session: str | None, meta) -> str:
+    def _key(self, tool: cfg.Tool, arguments, session: str | None, meta
+             ) -> tuple[str, _Recent | None]:
+        """(the call's idempotency key, the session's record of it when the key is the
+        default one). Runs on the event loop: the session's recent calls live there."""
+        check_json(arguments, what="arguments")
         sent = meta.get(cfg.META_KEY)
         if sent is not None or tool.key_from == cfg.KEY_FROM_META:
             if not isinstance(sent, str) or not sent.strip() or len(sent) > 200:
                 raise InvalidInput(
                     f"expected _meta[{cfg.META_KEY!r}] of tool {tool.name} to be a non-empty "
                     f"string of at most 200 characters, found {sent!r}")
-            return sent
+            return sent, None
         if tool.key_from == cfg.KEY_FROM_ARGUMENTS:
             named = {}
             for name in tool.key_names:
@@ -392,14 +415,33 @@ class Gateway:
                                        f"idempotency key is made of {list(tool.key_names)}), "
                                        "found none")
                 named[name] = value
-            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named})
+            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named}), None
         if session is None:
             raise InvalidInput(
                 f"expected an MCP session for the default key of tool {tool.name} (one effect "
                 "per distinct call in a session), found a request outside any session; send "
                 f"_meta[{cfg.META_KEY!r}] or configure key.from = 'arguments'")
-        return "mcp-session:" + _digest({"session": session, "tool": tool.name,
-                                         "arguments": arguments})
+        return self._session_key(tool, arguments, session)
+
+    def _session_key(self, tool: cfg.Tool, arguments, session: str
+                     ) -> tuple[str, _Recent]:
+        """The default key: a call of the same arguments as the session's last call of
+        this tool is its retry (the same key) while that call runs or within
+        `retry_window` seconds after it ended; any other call is a new intent (a new key),
+        so write A, write B, write A again sends three times."""
+        digest = _digest({"tool": tool.name, "arguments": arguments})
+        slot = (session, tool.name)
+        recent = self._recent.pop(slot, None)
+        if recent is None or not recent.repeats(digest, tool.retry_window):
+            number = recent.number + 1 if recent is not None else 1
+            key = "mcp-session:" + _digest({"session": session, "tool": tool.name,
+                                             "arguments": arguments, "call": number})
+            recent = _Recent(digest, key, number)
+        self._recent[slot] = recent  # the most recent last
+        while len(self._recent) > MAX_RECENT:
+            self._recent.pop(next(iter(self._recent)))
+        recent.started()
+        return recent.key, recent
 
     def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
         in_flight = timedelta(seconds=tool.in_flight) if tool.in_flight else None
@@ -486,8 +528,11 @@ class Gateway:
             return await self._unknown(tool, op, "unexpected_result",
                                        f"a {type(result).__name__} instead of a tool result")
         if result.is_error:
-            await self._finish(op, State.REJECTED, error_code="tool_error",
-                               detail=_text(result))
+            text = _text(result)
+            if cfg.classify_error(tool, text, result.structured_content) == cfg.ON_ERROR_UNKNOWN:
+                # Configured as "may have happened": the reconciler proves it either way.
+                return await self._unknown(tool, op, "tool_error", text)
+            await self._finish(op, State.REJECTED, error_code="tool_error", detail=text)
             return result
         external_id, missing = self._external_id(tool, result, arguments)
         if missing:
@@ -602,6 +647,26 @@ class Gateway:
                            META_RETRY_AFTER: IN_FLIGHT_RETRY_AFTER}
             return answer
         return tool_error(_unknown_text(op, op.error_code or op.state))
+
+
+class _Recent:
+    """A session's last call of one tool under the default key."""
+
+    def __init__(self, digest: str, key: str, number: int):
+        self.digest, self.key, self.number = digest, key, number
+        self.running = 0
+        self.ended_at = 0.0
+
+    def repeats(self, digest: str, window: float) -> bool:
+        return digest == self.digest and (
+            self.running > 0 or time.monotonic() - self.ended_at <= window)
+
+    def started(self) -> None:
+        self.running += 1
+
+    def ended(self) -> None:
+        self.running -= 1
+        self.ended_at = time.monotonic()
 
 
 class _MovedOn(Exception):

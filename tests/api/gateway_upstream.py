@@ -95,6 +95,11 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         return result({"status": "found", "invoice": found[0]} if found
                       else {"status": "absent", "invoice": None})
     if params.name == "create_invoice":
+        if args.get("customer") == "busy":  # a transient refusal, for on_error patterns
+            return types.CallToolResult(content=[types.TextContent(
+                type="text", text="503 Service Unavailable: try again later")], is_error=True)
+        if BEHAVIOUR == "slow":  # the reply comes after the call was settled
+            await anyio.sleep(5)
         if not isinstance(args.get("amount"), int) or args["amount"] <= 0:
             refusal = f"amount must be a positive integer, got {args.get('amount')!r}"
             return types.CallToolResult(

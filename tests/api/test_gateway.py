@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -24,7 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from ledger import approvals
+from ledger import approvals, reconcile
 from ledger.models import Operation
 from tests.factories import UserFactory
 from tests.support.processes import ROOT
@@ -114,7 +115,8 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
     counts one invoice per reference, the unknown ones settle by reading, nothing is lost."""
     secret = make_key("billing-bot")
     config = write_config(tmp_path, plan={"tool": "create_invoice", "drop_reply": [2],
-                                          "drop_request": [3]})
+                                          "drop_request": [3]},
+                          extra="retry_window = 600")  # the reconcile pass takes a while
 
     async def session():
         async with through_gateway(config, secret) as client:
@@ -156,14 +158,12 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
             out = await anyio.to_thread.run_sync(reconcile_once, config)
             assert "found -> succeeded" in out and "proven_absent -> safe_to_retry" in out
 
-            # The model calls again: r-3 was proven absent, so it is sent (attempt 2);
-            # r-2 was found, so it is not.
+            # The model calls again: r-3 was proven absent, so it is sent (attempt 2).
+            # (r-2 again now would be a new intent: other calls of the tool came between;
+            # the retry window and that rule are test_gateway_filesystem's A/B/A.)
             retried = await client.call_tool("create_invoice", invoice("r-3"))
             assert not retried.is_error, retried.content
             assert retried.structured_content["reference"] == "r-3"
-            found = await client.call_tool("create_invoice", invoice("r-2"))
-            assert found.is_error and "Already done" in found.content[0].text
-            assert "inv-2" in found.content[0].text
 
     replays = {}
     anyio.run(session)
@@ -195,8 +195,10 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
 
 
 def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
+    """A tool error is rejected by default; one the configuration's unknown_when matches
+    (a transient 503) is outcome_unknown, for the reconciler to prove absent."""
     secret = make_key("billing-bot")
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, extra='unknown_when = ["^503 "]')
 
     async def main():
         async with through_gateway(config, secret) as client:
@@ -204,11 +206,54 @@ def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
             assert refused.is_error and "amount must be a positive" in refused.content[0].text
             again = await client.call_tool("create_invoice", invoice("r-9", amount=0))
             assert again.is_error and "Rejected earlier" in again.content[0].text
+            assert again.meta["agent-ledger/replayed"] is True
+            busy = await client.call_tool("create_invoice", {**invoice("r-10"),
+                                                             "customer": "busy"})
+            assert busy.is_error and "The outcome is not known yet (tool_error: 503 " \
+                in busy.content[0].text
 
     anyio.run(main)
-    op = Operation.objects.get()
-    assert op.state == "rejected" and "amount must be a positive" in op.error_detail
+    ops = {op.intent["arguments"]["reference"]: op for op in Operation.objects.all()}
+    assert ops["r-9"].state == "rejected"
+    assert "amount must be a positive" in ops["r-9"].error_detail
+    assert (ops["r-10"].state, ops["r-10"].error_code) == ("outcome_unknown", "tool_error")
     assert invoices(tmp_path) == []
+
+
+def test_a_reply_after_the_call_was_settled_answers_from_the_record(make_key, tmp_path):
+    """The sweep moves the call on while the upstream still works (a tool timeout above
+    LEDGER_STALE_SUBMISSION_SECONDS): its late reply reaches the model as a tool error
+    naming the operation, never as a protocol error."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="slow", timeout=60)
+
+    def sweep_once_submitted():
+        from django.db import connection as thread_connection
+        try:
+            deadline = time.monotonic() + 60
+            while not Operation.objects.filter(state="submitted").exists():
+                assert time.monotonic() < deadline, "expected the call to be submitted"
+                time.sleep(0.1)
+            assert reconcile.sweep_stale_submissions(older_than=timedelta(0)) == 1
+        finally:
+            thread_connection.close()
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, sweep_once_submitted)
+                return await client.call_tool("create_invoice", invoice("s-1"))
+
+    late = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "outcome_unknown" and len(invoices(tmp_path)) == 1
+    assert late.is_error
+    assert late.content[0].text.startswith(
+        f"Late reply: operation invoices.create ({op.operation_id}) moved on to "
+        "outcome_unknown before the upstream's reply arrived."), late.content[0].text
+    assert {k: v for k, v in late.meta.items() if k.startswith("agent-ledger/")} == {
+        "agent-ledger/late-reply": True, "agent-ledger/operation-id": op.operation_id,
+        "agent-ledger/state": "outcome_unknown"}
 
 
 def test_named_arguments_make_the_key_across_sessions(make_key, tmp_path):

@@ -170,3 +170,35 @@ def test_a_key_of_another_tenant_can_neither_read_nor_write(make_key, tmp_path,
                            "['globex']"), message
     assert secret_file.read_text() == "acme's own text"
     assert not Operation.objects.exists()
+
+
+def test_write_a_then_b_then_a_sends_three_times(make_key, tmp_path, filesystem_server):
+    """The default key takes a same-argument call for a retry only right after the same
+    call (no other call of the tool between, within the retry window): write A, B, A is
+    three writes and the file ends as A; an immediate repeat of the last is a replay."""
+    secret = make_key("files-bot")
+    files = (tmp_path / "files").resolve()
+    files.mkdir()
+    config = write_config(tmp_path, [*filesystem_server, str(files)], {})
+    mode = str(files / "mode.txt")
+
+    async def session():
+        async with through_gateway(config, secret) as client:
+            answers = [await client.call_tool("write_file", {"path": mode, "content": text})
+                       for text in ("mode=A", "mode=B", "mode=A")]
+            assert Path(mode).read_text() == "mode=A"
+            repeat = await client.call_tool("write_file", {"path": mode, "content": "mode=A"})
+            return answers, repeat
+
+    answers, repeat = anyio.run(session)
+    for answer in answers:
+        assert not answer.is_error and "agent-ledger/replayed" not in (answer.meta or {})
+    ops = list(Operation.objects.order_by("id"))
+    assert [(op.intent["arguments"]["content"], op.state) for op in ops] == [
+        ("mode=A", "succeeded"), ("mode=B", "succeeded"), ("mode=A", "succeeded")]
+    assert len({op.idempotency_key for op in ops}) == 3
+    assert repeat.meta["agent-ledger/replayed"] is True
+    assert repeat.meta["agent-ledger/operation-id"] == ops[2].operation_id
+    assert repeat.content[0].text.startswith(
+        f"Not sent again: this repeats call files.write ({ops[2].operation_id}) sent at ")
+    assert Path(mode).read_text() == "mode=A"
