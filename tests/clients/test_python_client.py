@@ -731,24 +731,52 @@ def test_a_key_another_caller_is_sending_is_in_flight_never_outcome_unknown(ledg
     assert problem["retry_after"] == 1
 
 
-def test_the_async_transport_closes_what_it_opens(ledger):
+class KeepAliveOperation(http.server.BaseHTTPRequestHandler):
+    """An instant answer over a kept-alive HTTP/1.1 connection: the client's pooled socket
+    stays open until the client is closed."""
+
+    protocol_version = "HTTP/1.1"
+    body = b'{"operation_id": "op-1", "state": "planned", "version": 1}'
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_async_transport_closes_what_it_opens():
     """One client per event loop, closed with its loop: 300 asyncio.run calls leave the
-    process's open descriptors flat."""
+    process's open descriptors flat (a kept-alive server, so an unclosed client would hold
+    a socket per loop)."""
     import os
 
-    op = ledger.record("mail.send", target="smtp://mail", intent={}, idempotency_key="fd")
+    from ledger_client import Ledger
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveOperation)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ledger = Ledger(f"http://127.0.0.1:{server.server_address[1]}", key="alk_test")
 
     async def read():
-        return (await ledger.aoperation(op.operation_id)).state
+        return (await ledger.aoperation("op-1")).state
 
     def open_descriptors() -> int:
         return len(os.listdir("/proc/self/fd"))
 
-    for _ in range(5):
-        assert asyncio.run(read()) == "planned"
-    before = open_descriptors()
-    for _ in range(300):
-        asyncio.run(read())
-    after = open_descriptors()
+    try:
+        for _ in range(5):
+            assert asyncio.run(read()) == "planned"
+        before = open_descriptors()
+        for _ in range(300):
+            asyncio.run(read())
+        time.sleep(0.2)  # the server's threads see the closed connections
+        after = open_descriptors()
+    finally:
+        server.shutdown()
+        server.server_close()
     assert after - before <= 3, f"expected flat descriptors, found {before} -> {after}"
-    assert len(ledger._async._clients) <= 1
+    assert len(ledger._async._clients) == 0  # each closed with its loop
