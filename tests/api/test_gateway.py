@@ -220,6 +220,39 @@ def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
     assert invoices(tmp_path) == []
 
 
+def test_a_call_whose_key_is_being_sent_is_in_flight_then_a_replay(make_key, tmp_path):
+    """The model sends the same call twice at once: one is sent; the other is told it is
+    in flight (never "outcome unknown"); asked again after, it gets the replay."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="slow", timeout=60)
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            answers = []
+
+            async def call():
+                answers.append(await client.call_tool("create_invoice", invoice("f-1")))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(2)  # the first is being sent (the upstream takes 5 s)
+                tg.start_soon(call)
+            return answers, await client.call_tool("create_invoice", invoice("f-1"))
+
+    (in_flight, sent), replay = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "succeeded" and len(invoices(tmp_path)) == 1
+    assert not sent.is_error and sent.structured_content["reference"] == "f-1"
+    assert in_flight.is_error
+    assert in_flight.content[0].text.startswith(
+        f"In flight: operation invoices.create ({op.operation_id}) is being sent right now "
+        "by another call with the same key; this call sent nothing."), in_flight.content
+    assert in_flight.meta["agent-ledger/in-flight"] is True
+    assert in_flight.meta["agent-ledger/retry-after"] == 1
+    assert replay.meta["agent-ledger/replayed"] is True
+    assert replay.structured_content == sent.structured_content
+
+
 def test_a_reply_after_the_call_was_settled_answers_from_the_record(make_key, tmp_path):
     """The sweep moves the call on while the upstream still works (a tool timeout above
     LEDGER_STALE_SUBMISSION_SECONDS): its late reply reaches the model as a tool error
