@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from django.db import OperationalError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI, Path, Query, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.openapi.docs import Swagger
@@ -46,10 +46,12 @@ from api.schemas import (
     SucceededIn,
 )
 from ledger import tracing
-from ledger.errors import LedgerError
+from ledger.errors import InFlight, LedgerError
 
 logger = logging.getLogger("ledger.api")
 PROBLEM = "application/problem+json"
+# The header of an answer served from a stored receipt (as the Agentic Commerce Protocol).
+REPLAYED = "Idempotent-Replayed"
 # Every error an endpoint answers (all problem+json): malformed body, no or bad key, tenant
 # not granted, not found, wrong method, refused by the ledger, body too large, not JSON,
 # invalid input.
@@ -118,7 +120,10 @@ def problem_response(body: dict, headers: dict | None = None) -> JsonResponse:
 
 @api.exception_handler(LedgerError)
 def ledger_error(request, exc):
-    return problem_response(problems.from_ledger_error(exc))
+    headers = None
+    if isinstance(exc, InFlight):  # another caller is sending this key: ask again soon
+        headers = {"Retry-After": str(problems.retry_after(exc))}
+    return problem_response(problems.from_ledger_error(exc), headers=headers)
 
 
 @api.exception_handler(gate.Refused)
@@ -211,10 +216,13 @@ def unexpected(request, exc):
 
 @api.post("/operations", response={201: RecordedOut, 200: RecordedOut, **ERRORS},
           summary="Record an intent before the external call (and submit it: submit=true)")
-def record_intent(request, body: RecordIntentIn):
+def record_intent(request, response: HttpResponse, body: RecordIntentIn):
     """201 with a new planned operation; 200 with the existing one when the idempotency key
     and intent were recorded before (whatever its state: if it is not `planned`, do not
-    send again); 409 when the key names an operation with another intent.
+    send again), marked `Idempotent-Replayed: true` when it is answered from the stored
+    receipt (not recorded, not submitted by this request); 409 when the key names an
+    operation with another intent; with `submit: true`, 409 `idempotency-in-flight` (with
+    Retry-After and the `operation`) while another caller is sending the key (submitted).
 
     With `submit: true` the operation is also marked submitted when it is planned or
     safe_to_retry, in the same request: `submitted_now` true means send now, false means
@@ -224,6 +232,8 @@ def record_intent(request, body: RecordIntentIn):
     trace = tracing.from_traceparent(request.headers.get("traceparent"))
     data, created = service.record_intent(request.auth, **body.dict(), trace=trace)
     data.setdefault("submitted_now", False)
+    if not created and not data["submitted_now"]:
+        response[REPLAYED] = "true"
     return Status(201 if created else 200, data)
 
 

@@ -17,6 +17,7 @@ KINDS: list[tuple[type[Exception], int, str, str]] = [
     (errors.NotFound, 404, "not-found", "Not found"),
     (errors.PermissionDenied, 403, "permission-denied", "Permission denied"),
     (errors.InvalidInput, 422, "invalid-input", "Invalid input"),
+    (errors.InFlight, 409, "idempotency-in-flight", "Idempotency key in flight"),
     (errors.IdempotencyKeyReused, 409, "idempotency-key-reused", "Idempotency key reused"),
     (errors.StaleVersion, 409, "stale-version", "Stale version"),
     (errors.IllegalTransition, 409, "illegal-transition", "Illegal transition"),
@@ -30,6 +31,11 @@ KINDS: list[tuple[type[Exception], int, str, str]] = [
     (errors.SecondPersonRequired, 409, "second-person-required", "Second person required"),
     (errors.LedgerError, 409, "refused", "Refused by the ledger"),
 ]
+
+
+def retry_after(exc: errors.InFlight) -> int:
+    """Whole seconds to wait before asking again about a call in flight (Retry-After)."""
+    return max(1, int(-(-exc.retry_after // 1)))
 
 
 def type_uri(slug: str) -> str:
@@ -67,6 +73,8 @@ def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
         extra["approvals_needed"], extra["approvals_live"] = exc.needed, exc.have
     elif isinstance(exc, errors.ApprovalDenied):
         extra["reason"] = exc.reason
+    elif isinstance(exc, errors.InFlight):
+        extra["retry_after"] = retry_after(exc)
     recorded = getattr(exc, "operation_recorded", None)
     if recorded is not None:  # POST operations with submit: the intent stays recorded
         extra["operation"] = recorded

@@ -27,7 +27,7 @@ from ledger import (
     shapes,
     states,
 )
-from ledger.errors import InvalidInput, LedgerError, PermissionDenied, StaleVersion
+from ledger.errors import InFlight, InvalidInput, LedgerError, PermissionDenied, StaleVersion
 from ledger.inputs import check_identifier, check_optional_identifier
 from ledger.models import AgentKey, Obligation, Operation, Run
 from ledger.states import RetryPolicy
@@ -157,6 +157,8 @@ def record_intent(
     if not submit:
         return operation_dict(op), recorded_now
     submitted_now = False
+    if op.state == states.State.SUBMITTED:
+        raise in_flight(op, recorded=operation_dict(op))
     if op.state in states.SENDABLE:
         marks: dict[str, Any] = {"fencing_token": fencing_token, "actor": key.name}
         if in_flight_seconds is not None:
@@ -166,10 +168,30 @@ def record_intent(
             submitted_now = True
         except StaleVersion as exc:
             op = exc.current or access_operation(key, op.operation_id)
+            if op.state == states.State.SUBMITTED:  # a concurrent caller submitted it first
+                raise in_flight(op, recorded=operation_dict(op)) from None
         except LedgerError as exc:
             exc.operation_recorded = operation_dict(op)
             raise
     return shapes.recorded(op, submitted_now=submitted_now), recorded_now
+
+
+# Seconds a caller finding a call in flight is told to wait before asking again.
+IN_FLIGHT_RETRY_AFTER = 1.0
+
+
+def in_flight(op: Operation, *, recorded: dict[str, Any] | None = None) -> InFlight:
+    """The refusal of a submission whose key another caller is sending now (`submitted`):
+    HTTP 409 `idempotency-in-flight` with Retry-After, never "outcome unknown"."""
+    exc = InFlight(
+        f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
+        f"planned or safe_to_retry to send it, found it submitted since "
+        f"{shapes.iso(op.submitted_at)}: another caller is sending it now; it is not sent "
+        f"again, ask again in {IN_FLIGHT_RETRY_AFTER:g} s for its outcome",
+        operation=op, retry_after=IN_FLIGHT_RETRY_AFTER)
+    if recorded is not None:
+        exc.operation_recorded = recorded
+    return exc
 
 
 def fact_version(tenant: str, ref: Any) -> Any:

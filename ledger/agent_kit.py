@@ -38,6 +38,7 @@ from asgiref.sync import sync_to_async
 from ledger import receipts, runs, states, tracing, transitions
 from ledger.canonical import scrub_text
 from ledger.errors import (
+    InFlight,
     InvalidInput,
     OutcomeUnknown,
     Rejected,
@@ -318,6 +319,14 @@ def _settled(op: Operation) -> Any:
             f"{op.idempotency_key}) to be sendable, found it {op.state}"
             + (f" with code {op.error_code}" if op.error_code else "")
             + "; it is not sent again",
+            operation=op,
+        )
+    if op.state == State.SUBMITTED:
+        raise InFlight(
+            f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
+            "planned, safe_to_retry or succeeded, found submitted: another caller is "
+            "sending it now (or stopped; the sweep then hands it to reconciliation); it is "
+            "not sent again, call again shortly for its outcome",
             operation=op,
         )
     raise OutcomeUnknown(

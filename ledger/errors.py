@@ -105,6 +105,17 @@ class OutcomeUnknown(LedgerError):
         self.operation = operation
 
 
+class InFlight(OutcomeUnknown):
+    """An action's key is being sent right now by another caller (the operation is
+    `submitted`, its sender still at work): wait and call again for its outcome; do not
+    send. A subclass of OutcomeUnknown, so code that handles that keeps working; `.operation`
+    is the receipt, `.retry_after` the seconds to wait before asking again."""
+
+    def __init__(self, message: str, *, operation=None, retry_after: float = 1.0):
+        super().__init__(message, operation=operation)
+        self.retry_after = retry_after
+
+
 class Rejected(LedgerError):
     """The external system refused this action's key before; `.operation.error_code` is the
     recorded code. Sending the same intent again would be refused again."""

@@ -27,7 +27,13 @@ KEY_FROM_META = "meta"
 # The `_meta` entry an MCP client sets to name its own idempotency key for one tool call.
 META_KEY = "agent-ledger/idempotency-key"
 
+ON_ERROR_REJECTED = "rejected"
+ON_ERROR_UNKNOWN = "unknown"
+
 DEFAULT_TIMEOUT = 30.0
+# How long after a call ends a call of the same tool with the same arguments (and no other
+# call of that tool between) is taken as its retry under the default key.
+DEFAULT_RETRY_WINDOW = 30.0
 DEFAULT_MAX_RESULT_BYTES = 256 * 1024
 _TEMPLATE = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 _PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
@@ -92,6 +98,14 @@ class Tool:
     approval_wait: float = 0.0
     in_flight: float | None = None
     reconcile: Reconcile | None = None
+    # How a tool error (a result with isError) is recorded: patterns on its text (and on
+    # the value at `error_code` of its structured result), first rejected_when, then
+    # unknown_when, else `on_error` (default rejected: the upstream said it did nothing).
+    on_error: str = "rejected"
+    rejected_when: tuple[str, ...] = ()
+    unknown_when: tuple[str, ...] = ()
+    error_code: str = ""
+    retry_window: float = DEFAULT_RETRY_WINDOW
 
     @property
     def is_consequential(self) -> bool:
@@ -181,7 +195,8 @@ def _upstream(t: _Table, base: Path | None) -> Upstream:
 def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     t.only({"mode", "operation", "target", "key", "keep", "redact", "external_id",
             "external_id_template", "timeout", "retry_policy", "approval_wait", "in_flight",
-            "reconcile"})
+            "reconcile", "on_error", "rejected_when", "unknown_when", "error_code",
+            "retry_window"})
     mode = t.get("mode", str, PASS_THROUGH)
     if mode not in (PASS_THROUGH, CONSEQUENTIAL):
         t.fail("mode", f"{PASS_THROUGH!r} or {CONSEQUENTIAL!r}", repr(mode))
@@ -232,6 +247,25 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     if in_flight is not None and not 0 < in_flight <= 7 * 86400:
         t.fail("in_flight", "seconds, more than 0 and at most 7 days", in_flight)
     approval_wait = _seconds(t, "approval_wait", 0.0, allow_zero=True, high=86400)
+    on_error = t.get("on_error", str, ON_ERROR_REJECTED)
+    if on_error not in (ON_ERROR_REJECTED, ON_ERROR_UNKNOWN):
+        t.fail("on_error", f"{ON_ERROR_REJECTED!r} or {ON_ERROR_UNKNOWN!r}", repr(on_error))
+    patterns = {}
+    for setting in ("rejected_when", "unknown_when"):
+        patterns[setting] = t.get(setting, list, [])
+        for pattern in patterns[setting]:
+            if not isinstance(pattern, str) or not pattern:
+                t.fail(setting, "a list of regular expressions", repr(pattern))
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                t.fail(setting, "a list of regular expressions", f"{pattern!r} ({exc})")
+    error_code = t.get("error_code", str, "")
+    if error_code and not _PATH.fullmatch(error_code):
+        t.fail("error_code", "a dotted path into the structured result of a tool error",
+               repr(error_code))
+    retry_window = _seconds(t, "retry_window", DEFAULT_RETRY_WINDOW, allow_zero=True,
+                            high=86400)
     reconcile_raw = t.get("reconcile", dict, None)
     reconcile = None
     if reconcile_raw is not None:
@@ -244,7 +278,10 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
         external_id_template=external_id_template,
         timeout=_seconds(t, "timeout", DEFAULT_TIMEOUT), retry_policy=retry_policy,
         approval_wait=approval_wait, in_flight=None if in_flight is None else float(in_flight),
-        reconcile=reconcile,
+        reconcile=reconcile, on_error=on_error,
+        rejected_when=tuple(patterns["rejected_when"]),
+        unknown_when=tuple(patterns["unknown_when"]), error_code=error_code,
+        retry_window=retry_window,
     )
 
 
@@ -396,6 +433,22 @@ def check_against_tools(config: Config, tools: dict[str, dict[str, Any]]) -> Non
                     raise ConfigError(
                         f"{where[:-1]}.reconcile] arguments.{arg}: expected an argument of "
                         f"{read} (properties {sorted(read_props)}), found none")
+
+
+def classify_error(tool: Tool, text: str, structured: Any) -> str:
+    """ON_ERROR_REJECTED or ON_ERROR_UNKNOWN for a tool error of `tool`: its text (and the
+    code at `error_code`, when configured) against rejected_when, then unknown_when, else
+    the tool's `on_error`."""
+    seen = text
+    if tool.error_code and isinstance(structured, dict):
+        code = lookup(structured, tool.error_code)
+        if code is not MISSING:
+            seen = f"{code}\n{text}"
+    if any(re.search(p, seen) for p in tool.rejected_when):
+        return ON_ERROR_REJECTED
+    if any(re.search(p, seen) for p in tool.unknown_when):
+        return ON_ERROR_UNKNOWN
+    return tool.on_error
 
 
 def _properties(schema: Any) -> set[str] | None:

@@ -8,15 +8,24 @@ key, its name the actor on every event):
 
     record the intent (redacted, or only `keep`) under the call's idempotency key
     state planned / safe_to_retry -> mark submitted (an approval policy may hold it here)
-        -> forward -> isError result: rejected; a JSON-RPC refusal that says the tool did
-           not run: rejected; a timeout, a closed connection, a result that breaks the
-           tool's own output schema, a cancellation: outcome_unknown; a result: succeeded
+        -> forward -> isError result: rejected (or outcome_unknown, as the tool's
+           on_error / rejected_when / unknown_when classify it); a JSON-RPC refusal that
+           says the tool did not run: rejected; a timeout, a closed connection, a
+           result that breaks the tool's own output schema, a cancellation:
+           outcome_unknown; a result: succeeded
            with the result stored (unless the configured external id is missing: then
            outcome_unknown, for the reconciler to read)
-    succeeded -> the stored result, not forwarded
-    submitted / outcome_unknown / reconciling / manual_review -> a tool error telling the
-        model the outcome is not known yet and not to retry; never a second forward
+    succeeded -> the stored result, marked as a replay, not forwarded
+    submitted -> "in flight": another call of the same key is being sent now; call again
+        shortly (`_meta` agent-ledger/in-flight); never a second forward
+    outcome_unknown / reconciling / manual_review -> a tool error telling the model the
+        outcome is not known yet and not to retry; never a second forward
     rejected / abandoned -> a tool error saying so; not forwarded
+    Every answer from a stored receipt is marked a replay: `_meta` agent-ledger/replayed,
+    the operation id and when it was sent, and a first sentence "Not sent again: ...".
+    A reply that comes after the call was settled answers from the settled record.
+    Every request (lists, reads, prompts, completions, any tool call) first checks that
+    the key is live and holds the gateway's tenant.
 
 The ledger's writes run on Django's thread-sensitive worker thread (`sync_to_async`), one
 whole write per hop, so no transaction spans an await and the event loop never waits on
@@ -28,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 import uuid
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -47,6 +57,7 @@ from ledger.canonical import canonical_json, redact, scrub_text
 from ledger.errors import (
     ApprovalDenied,
     ApprovalRequired,
+    IllegalTransition,
     InvalidInput,
     LedgerError,
     PermissionDenied,
@@ -63,6 +74,17 @@ NOT_EXECUTED = {types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND
                 types.INVALID_PARAMS}
 UNKNOWN_STATES = {State.SUBMITTED, State.OUTCOME_UNKNOWN, State.RECONCILING,
                   State.MANUAL_REVIEW}
+
+# The `_meta` of an answer from a stored receipt (a replay) or of a call in flight.
+META_REPLAYED = "agent-ledger/replayed"
+META_IN_FLIGHT = "agent-ledger/in-flight"
+META_OPERATION = "agent-ledger/operation-id"
+META_SENT_AT = "agent-ledger/sent-at"
+META_RETRY_AFTER = "agent-ledger/retry-after"
+META_LATE = "agent-ledger/late-reply"
+META_STATE = "agent-ledger/state"
+IN_FLIGHT_RETRY_AFTER = 1  # seconds
+MAX_RECENT = 10_000  # sessions x tools whose last call the gateway remembers
 
 
 class Principal:
@@ -118,6 +140,8 @@ class Gateway:
         self.principal = principal
         self.link = UpstreamLink(config.upstream)
         self.stdio_session = ""
+        # (session, tool) -> the session's last call of the tool (its default key)
+        self._recent: dict[tuple[str, str], _Recent] = {}
         self.server = self._build_server()
 
     # --- life cycle --------------------------------------------------------------------
@@ -210,27 +234,49 @@ class Gateway:
     async def _upstream(self):
         return await self.link.client(self.config.upstream.connect_timeout)
 
+    async def _authorized(self, ctx) -> tuple[AgentKey, str]:
+        """(the request's live key, the gateway's tenant), checked before any request
+        reaches the upstream: every list, read, prompt, completion and tool call, whether
+        its tool is consequential or not. A key that is revoked, or not granted the
+        gateway's tenant, is refused with a JSON-RPC error saying so."""
+        try:
+            return await _db(self._key_and_tenant)(ctx)
+        except LedgerError as exc:
+            raise MCPError(types.INVALID_REQUEST,
+                           f"Refused by the ledger ({type(exc).__name__}): {exc}") from None
+
+    def _key_and_tenant(self, ctx) -> tuple[AgentKey, str]:
+        key = self.principal.current(ctx)
+        if key is None:
+            raise PermissionDenied("expected a live agent key, found it revoked or unknown")
+        return key, self._tenant(key)
+
     async def _list_tools(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.list_tools(params=_page(params)))
 
     def _forward(self, method: str):
         async def handler(ctx, params):
+            await self._authorized(ctx)
             client = await self._upstream()
             return await self._guard(client, getattr(client.session, method)(
                 params=_page(params)))
         return handler
 
     async def _read_resource(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.read_resource(params.uri))
 
     async def _get_prompt(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.get_prompt(params.name,
                                                                    params.arguments))
 
     async def _complete(self, ctx, params):
+        await self._authorized(ctx)
         client = await self._upstream()
         return await self._guard(client, client.session.complete(
             params.ref, params.argument.model_dump(), context_arguments=(
@@ -256,6 +302,7 @@ class Gateway:
     async def _call_tool(self, ctx, params: types.CallToolRequestParams):
         tool = self.config.tool(params.name)
         arguments = dict(params.arguments or {})
+        key, tenant = await self._authorized(ctx)
         if not tool.is_consequential:
             client = await self._upstream()
             try:
@@ -263,17 +310,34 @@ class Gateway:
             except RuntimeError as exc:  # the SDK's check of the tool's output schema
                 return tool_error(f"The upstream's result of {params.name} broke the output "
                                   f"schema it declares: {exc}")
-        return await self._consequential(ctx, tool, arguments, params)
+        return await self._consequential(ctx, key, tenant, tool, arguments, params)
 
     # --- a consequential call ------------------------------------------------------------
 
-    async def _consequential(self, ctx, tool: cfg.Tool, arguments: dict[str, Any],
-                             params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _consequential(self, ctx, key: AgentKey, tenant: str, tool: cfg.Tool,
+                             arguments: dict[str, Any], params: types.CallToolRequestParams
+                             ) -> types.CallToolResult:
         meta = params.meta if params.meta is not None else {}
         if not isinstance(meta, dict):
             meta = meta.model_dump(by_alias=True)
+        session = self._session_of(ctx)
         try:
-            op = await _db(self._record)(ctx, tool, arguments, self._session_of(ctx), meta)
+            idempotency_key, recent = self._key(tool, arguments, session, meta)
+        except LedgerError as exc:
+            return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+        try:
+            return await self._run_call(key, tenant, tool, arguments, session,
+                                        idempotency_key)
+        finally:
+            if recent is not None:
+                recent.ended()
+
+    async def _run_call(self, key: AgentKey, tenant: str, tool: cfg.Tool,
+                        arguments: dict[str, Any], session: str | None,
+                        idempotency_key: str) -> types.CallToolResult:
+        try:
+            op = await _db(self._record)(key, tenant, tool, arguments, session,
+                                         idempotency_key)
         except LedgerError as exc:
             return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
         while True:
@@ -299,14 +363,8 @@ class Gateway:
                 return await self._send(tool, op, arguments)
             return await self._settled(tool, op)
 
-    def _record(self, ctx, tool: cfg.Tool, arguments, session: str | None,
-                meta: dict[str, Any]) -> Operation:
-        key = self.principal.current(ctx)
-        if key is None:
-            raise PermissionDenied("expected a live agent key, found it revoked or unknown")
-        tenant = self._tenant(key)
-        check_json(arguments, what="arguments")
-        idempotency_key = self._key(tool, arguments, session, meta)
+    def _record(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments,
+                session: str | None, idempotency_key: str) -> Operation:
         stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
         # The MCP session, named so the desk can show it: on stdio the gateway's own id of
         # its one client; over HTTP a digest of the Mcp-Session-Id (the id itself lets its
@@ -336,14 +394,18 @@ class Gateway:
                                    f"found it scoped to {sorted(key.tenants)}")
         return tenant
 
-    def _key(self, tool: cfg.Tool, arguments, session: str | None, meta) -> str:
+    def _key(self, tool: cfg.Tool, arguments, session: str | None, meta
+             ) -> tuple[str, _Recent | None]:
+        """(the call's idempotency key, the session's record of it when the key is the
+        default one). Runs on the event loop: the session's recent calls live there."""
+        check_json(arguments, what="arguments")
         sent = meta.get(cfg.META_KEY)
         if sent is not None or tool.key_from == cfg.KEY_FROM_META:
             if not isinstance(sent, str) or not sent.strip() or len(sent) > 200:
                 raise InvalidInput(
                     f"expected _meta[{cfg.META_KEY!r}] of tool {tool.name} to be a non-empty "
                     f"string of at most 200 characters, found {sent!r}")
-            return sent
+            return sent, None
         if tool.key_from == cfg.KEY_FROM_ARGUMENTS:
             named = {}
             for name in tool.key_names:
@@ -353,14 +415,33 @@ class Gateway:
                                        f"idempotency key is made of {list(tool.key_names)}), "
                                        "found none")
                 named[name] = value
-            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named})
+            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named}), None
         if session is None:
             raise InvalidInput(
                 f"expected an MCP session for the default key of tool {tool.name} (one effect "
                 "per distinct call in a session), found a request outside any session; send "
                 f"_meta[{cfg.META_KEY!r}] or configure key.from = 'arguments'")
-        return "mcp-session:" + _digest({"session": session, "tool": tool.name,
-                                         "arguments": arguments})
+        return self._session_key(tool, arguments, session)
+
+    def _session_key(self, tool: cfg.Tool, arguments, session: str
+                     ) -> tuple[str, _Recent]:
+        """The default key: a call of the same arguments as the session's last call of
+        this tool is its retry (the same key) while that call runs or within
+        `retry_window` seconds after it ended; any other call is a new intent (a new key),
+        so write A, write B, write A again sends three times."""
+        digest = _digest({"tool": tool.name, "arguments": arguments})
+        slot = (session, tool.name)
+        recent = self._recent.pop(slot, None)
+        if recent is None or not recent.repeats(digest, tool.retry_window):
+            number = recent.number + 1 if recent is not None else 1
+            key = "mcp-session:" + _digest({"session": session, "tool": tool.name,
+                                             "arguments": arguments, "call": number})
+            recent = _Recent(digest, key, number)
+        self._recent[slot] = recent  # the most recent last
+        while len(self._recent) > MAX_RECENT:
+            self._recent.pop(next(iter(self._recent)))
+        recent.started()
+        return recent.key, recent
 
     def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
         in_flight = timedelta(seconds=tool.in_flight) if tool.in_flight else None
@@ -405,7 +486,16 @@ class Gateway:
                           actor=getattr(op, "_gateway_actor", None))
 
     async def _send(self, tool: cfg.Tool, op: Operation, arguments) -> types.CallToolResult:
-        """Forward the submitted call and record how it ended; never retries."""
+        """Forward the submitted call and record how it ended; never retries. A reply that
+        arrives after the call was settled (the sweep and a reconciler, or a person, moved
+        it first) answers from the settled record, never with a protocol error."""
+        try:
+            return await self._forward_call(tool, op, arguments)
+        except _MovedOn as moved:
+            return _late(moved.current, moved.reply)
+
+    async def _forward_call(self, tool: cfg.Tool, op: Operation, arguments
+                            ) -> types.CallToolResult:
         client = None
         try:
             client = await self.link.client(tool.timeout)
@@ -428,15 +518,21 @@ class Gateway:
             # Cancelled (the client gave up, the gateway is stopping): the request may
             # have reached the upstream.
             with anyio.CancelScope(shield=True):
-                await self._finish(op, State.OUTCOME_UNKNOWN, error_code="cancelled",
-                                   detail="the call was cancelled after it was forwarded")
+                try:
+                    await self._finish(op, State.OUTCOME_UNKNOWN, error_code="cancelled",
+                                       detail="the call was cancelled after it was forwarded")
+                except _MovedOn:
+                    pass  # settled meanwhile: nothing to record, the cancellation goes on
             raise
         if not isinstance(result, types.CallToolResult):
             return await self._unknown(tool, op, "unexpected_result",
                                        f"a {type(result).__name__} instead of a tool result")
         if result.is_error:
-            await self._finish(op, State.REJECTED, error_code="tool_error",
-                               detail=_text(result))
+            text = _text(result)
+            if cfg.classify_error(tool, text, result.structured_content) == cfg.ON_ERROR_UNKNOWN:
+                # Configured as "may have happened": the reconciler proves it either way.
+                return await self._unknown(tool, op, "tool_error", text)
+            await self._finish(op, State.REJECTED, error_code="tool_error", detail=text)
             return result
         external_id, missing = self._external_id(tool, result, arguments)
         if missing:
@@ -477,7 +573,14 @@ class Gateway:
     async def _finish(self, op: Operation, state: str, *, error_code: str = "",
                       detail: str = "", result: types.CallToolResult | None = None,
                       external_id: str | None = None) -> None:
-        await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+        """Record the outcome; _MovedOn (with the operation as it stands) when it was
+        settled before this reply came (StaleVersion, IllegalTransition)."""
+        try:
+            await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+        except (StaleVersion, IllegalTransition):
+            current = await _db(Operation.objects.get)(pk=op.pk)
+            raise _MovedOn(current, result if state == State.SUCCEEDED else None,
+                           ) from None
 
     def _write_outcome(self, op, state, error_code, detail, result, external_id) -> None:
         actor = getattr(op, "_gateway_actor", None)
@@ -511,27 +614,110 @@ class Gateway:
         return stored, ""
 
     async def _settled(self, tool: cfg.Tool, op: Operation) -> types.CallToolResult:
-        """What a call of a key that is not to be sent gets."""
+        """What a call of a key that is not to be sent gets. An ended call's answer is a
+        replay, marked as one (`_meta` and a first sentence), never a fresh result."""
         if op.state == State.SUCCEEDED:
             if op.result is None:
                 why = (f"its result was not stored: {op.result_unstorable}"
                        if op.result_unstorable else "it was confirmed by reading the "
                        "upstream (or by a person), so the original result is not on record")
-                return tool_error(
+                return _replayed(op, tool_error(
                     f"Already done: operation {op.operation} ({op.operation_id}) succeeded"
                     f" (external id {op.external_id or 'none'}); {why}. It is not sent "
-                    "again; do not retry.")
-            return types.CallToolResult.model_validate(op.result)
+                    "again; do not retry."))
+            result = types.CallToolResult.model_validate(op.result)
+            result.content = [types.TextContent(type="text", text=replay_sentence(op)),
+                              *result.content]
+            return _replayed(op, result)
         if op.state == State.REJECTED:
-            return tool_error(
+            return _replayed(op, tool_error(
                 f"Rejected earlier: the upstream refused operation {op.operation} "
                 f"({op.operation_id}) with {op.error_code}: {op.error_detail}. The same call "
-                "is not sent again; change the arguments to make a different call.")
+                "is not sent again; change the arguments to make a different call."))
         if op.state == State.ABANDONED:
-            return tool_error(
+            return _replayed(op, tool_error(
                 f"Abandoned: a person decided operation {op.operation} ({op.operation_id}) "
-                "must not happen. It is not sent; do not retry.")
+                "must not happen. It is not sent; do not retry."))
+        if op.state == State.SUBMITTED:
+            answer = tool_error(
+                f"In flight: operation {op.operation} ({op.operation_id}) is being sent right "
+                "now by another call with the same key; this call sent nothing. Call again "
+                f"in {IN_FLIGHT_RETRY_AFTER} s with the same arguments to get its outcome.")
+            answer.meta = {META_IN_FLIGHT: True, META_OPERATION: op.operation_id,
+                           META_RETRY_AFTER: IN_FLIGHT_RETRY_AFTER}
+            return answer
         return tool_error(_unknown_text(op, op.error_code or op.state))
+
+
+class _Recent:
+    """A session's last call of one tool under the default key."""
+
+    def __init__(self, digest: str, key: str, number: int):
+        self.digest, self.key, self.number = digest, key, number
+        self.running = 0
+        self.ended_at = 0.0
+
+    def repeats(self, digest: str, window: float) -> bool:
+        return digest == self.digest and (
+            self.running > 0 or time.monotonic() - self.ended_at <= window)
+
+    def started(self) -> None:
+        self.running += 1
+
+    def ended(self) -> None:
+        self.running -= 1
+        self.ended_at = time.monotonic()
+
+
+class _MovedOn(Exception):
+    """The operation moved on before the gateway recorded its call's outcome."""
+
+    def __init__(self, current: Operation, reply: types.CallToolResult | None):
+        super().__init__(current.state)
+        self.current = current
+        self.reply = reply
+
+
+def _late(op: Operation, reply: types.CallToolResult | None) -> types.CallToolResult:
+    """The answer to a call whose reply came after its operation was settled: the
+    upstream's own reply when the record agrees it succeeded; else a tool error naming the
+    operation and where it stands."""
+    meta = {META_LATE: True, META_OPERATION: op.operation_id, META_STATE: op.state}
+    if op.state == State.SUCCEEDED and reply is not None:
+        reply.meta = {**(reply.meta or {}), **meta}
+        return reply
+    if op.state == State.SUCCEEDED:
+        text = (f"Late reply: operation {op.operation} ({op.operation_id}) was already "
+                f"settled as succeeded (external id {op.external_id or 'none'}) when the "
+                "upstream's reply arrived. It is done; do not retry.")
+    elif op.state in (State.REJECTED, State.ABANDONED, State.SAFE_TO_RETRY):
+        text = (f"Late reply: operation {op.operation} ({op.operation_id}) was already "
+                f"settled as {op.state} when the upstream's reply arrived; the ledger's "
+                "record stands and a person should look at it on the review desk. Do not "
+                "retry.")
+    else:
+        text = (f"Late reply: operation {op.operation} ({op.operation_id}) moved on to "
+                f"{op.state} before the upstream's reply arrived. "
+                + _unknown_text(op, op.error_code or op.state))
+    answer = tool_error(text)
+    answer.meta = meta
+    return answer
+
+
+def replay_sentence(op: Operation) -> str:
+    return (f"Not sent again: this repeats call {op.operation} ({op.operation_id}) sent at "
+            f"{_iso(op.submitted_at)}; its recorded result follows.")
+
+
+def _replayed(op: Operation, result: types.CallToolResult) -> types.CallToolResult:
+    """`result`, marked as answered from operation `op`'s receipt."""
+    result.meta = {**(result.meta or {}), META_REPLAYED: True,
+                   META_OPERATION: op.operation_id, META_SENT_AT: _iso(op.submitted_at)}
+    return result
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
 
 
 def _page(params) -> types.PaginatedRequestParams | None:

@@ -9,7 +9,8 @@ Tools:
 - find_invoice(reference): the read tool: {"status": "found", "invoice": {...}} or
   {"status": "absent", "invoice": null}.
 - noop(n): does nothing (the benchmark).
-A resource (invoices://count) and a prompt (summary) show non-tool requests passing through.
+A resource (invoices://count), a prompt (summary) and completions show non-tool requests
+passing through.
 `--http PORT` serves it over Streamable HTTP instead of stdio.
 
 UPSTREAM_BEHAVIOUR changes what create_invoice answers, after the effect is committed:
@@ -94,6 +95,11 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
         return result({"status": "found", "invoice": found[0]} if found
                       else {"status": "absent", "invoice": None})
     if params.name == "create_invoice":
+        if args.get("customer") == "busy":  # a transient refusal, for on_error patterns
+            return types.CallToolResult(content=[types.TextContent(
+                type="text", text="503 Service Unavailable: try again later")], is_error=True)
+        if BEHAVIOUR == "slow":  # the reply comes after the call was settled
+            await anyio.sleep(5)
         if not isinstance(args.get("amount"), int) or args["amount"] <= 0:
             refusal = f"amount must be a positive integer, got {args.get('amount')!r}"
             return types.CallToolResult(
@@ -135,10 +141,14 @@ async def get_prompt(ctx, params) -> types.GetPromptResult:
         role="user", content=types.TextContent(type="text", text="Summarize the invoices."))])
 
 
+async def complete(ctx, params) -> types.CompleteResult:
+    return types.CompleteResult(completion=types.Completion(values=["acme", "ada"]))
+
+
 server = Server("invoices-upstream", version="1", on_list_tools=list_tools,
                 on_call_tool=call_tool, on_list_resources=list_resources,
                 on_read_resource=read_resource, on_list_prompts=list_prompts,
-                on_get_prompt=get_prompt)
+                on_get_prompt=get_prompt, on_completion=complete)
 
 
 async def main() -> None:

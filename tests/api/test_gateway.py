@@ -11,17 +11,21 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
+import mcp_types as types
 import pytest
 from django.db import connection
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 
-from ledger import approvals
+from ledger import approvals, reconcile
 from ledger.models import Operation
 from tests.factories import UserFactory
 from tests.support.processes import ROOT
@@ -111,7 +115,8 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
     counts one invoice per reference, the unknown ones settle by reading, nothing is lost."""
     secret = make_key("billing-bot")
     config = write_config(tmp_path, plan={"tool": "create_invoice", "drop_reply": [2],
-                                          "drop_request": [3]})
+                                          "drop_request": [3]},
+                          extra="retry_window = 600")  # the reconcile pass takes a while
 
     async def session():
         async with through_gateway(config, secret) as client:
@@ -122,8 +127,10 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
 
             done = await client.call_tool("create_invoice", invoice("r-1"))
             assert not done.is_error and done.structured_content["id"] == "inv-1"
+            assert "agent-ledger/replayed" not in (done.meta or {})
             again = await client.call_tool("create_invoice", invoice("r-1"))
             assert again.structured_content == done.structured_content
+            replays["r-1"] = (done, again)
 
             lost_reply = await client.call_tool("create_invoice", invoice("r-2"))
             assert lost_reply.is_error
@@ -151,18 +158,27 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
             out = await anyio.to_thread.run_sync(reconcile_once, config)
             assert "found -> succeeded" in out and "proven_absent -> safe_to_retry" in out
 
-            # The model calls again: r-3 was proven absent, so it is sent (attempt 2);
-            # r-2 was found, so it is not.
+            # The model calls again: r-3 was proven absent, so it is sent (attempt 2).
+            # (r-2 again now would be a new intent: other calls of the tool came between;
+            # the retry window and that rule are test_gateway_filesystem's A/B/A.)
             retried = await client.call_tool("create_invoice", invoice("r-3"))
             assert not retried.is_error, retried.content
             assert retried.structured_content["reference"] == "r-3"
-            found = await client.call_tool("create_invoice", invoice("r-2"))
-            assert found.is_error and "Already done" in found.content[0].text
-            assert "inv-2" in found.content[0].text
 
+    replays = {}
     anyio.run(session)
     assert [i["reference"] for i in invoices(tmp_path)] == ["r-1", "r-2", "r-3"]
     ops = {op.intent["arguments"]["reference"]: op for op in Operation.objects.all()}
+    # A replay says it is one: in _meta, and in its first sentence.
+    done, again = replays["r-1"]
+    sent_at = ops["r-1"].submitted_at.isoformat()
+    assert {k: v for k, v in again.meta.items() if k.startswith("agent-ledger/")} == {
+        "agent-ledger/replayed": True, "agent-ledger/operation-id": ops["r-1"].operation_id,
+        "agent-ledger/sent-at": sent_at}
+    assert again.content[0].text == (
+        f"Not sent again: this repeats call invoices.create ({ops['r-1'].operation_id}) "
+        f"sent at {sent_at}; its recorded result follows.")
+    assert [c.text for c in again.content[1:]] == [c.text for c in done.content]
     assert {ref: op.state for ref, op in ops.items()} == {
         "r-1": "succeeded", "r-2": "succeeded", "r-3": "succeeded"}
     assert [ops[r].external_id for r in ("r-1", "r-2", "r-3")] == ["inv-1", "inv-2", "inv-3"]
@@ -179,8 +195,10 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
 
 
 def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
+    """A tool error is rejected by default; one the configuration's unknown_when matches
+    (a transient 503) is outcome_unknown, for the reconciler to prove absent."""
     secret = make_key("billing-bot")
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, extra='unknown_when = ["^503 "]')
 
     async def main():
         async with through_gateway(config, secret) as client:
@@ -188,11 +206,87 @@ def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
             assert refused.is_error and "amount must be a positive" in refused.content[0].text
             again = await client.call_tool("create_invoice", invoice("r-9", amount=0))
             assert again.is_error and "Rejected earlier" in again.content[0].text
+            assert again.meta["agent-ledger/replayed"] is True
+            busy = await client.call_tool("create_invoice", {**invoice("r-10"),
+                                                             "customer": "busy"})
+            assert busy.is_error and "The outcome is not known yet (tool_error: 503 " \
+                in busy.content[0].text
 
     anyio.run(main)
-    op = Operation.objects.get()
-    assert op.state == "rejected" and "amount must be a positive" in op.error_detail
+    ops = {op.intent["arguments"]["reference"]: op for op in Operation.objects.all()}
+    assert ops["r-9"].state == "rejected"
+    assert "amount must be a positive" in ops["r-9"].error_detail
+    assert (ops["r-10"].state, ops["r-10"].error_code) == ("outcome_unknown", "tool_error")
     assert invoices(tmp_path) == []
+
+
+def test_a_call_whose_key_is_being_sent_is_in_flight_then_a_replay(make_key, tmp_path):
+    """The model sends the same call twice at once: one is sent; the other is told it is
+    in flight (never "outcome unknown"); asked again after, it gets the replay."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="slow", timeout=60)
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            answers = []
+
+            async def call():
+                answers.append(await client.call_tool("create_invoice", invoice("f-1")))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await anyio.sleep(2)  # the first is being sent (the upstream takes 5 s)
+                tg.start_soon(call)
+            return answers, await client.call_tool("create_invoice", invoice("f-1"))
+
+    (in_flight, sent), replay = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "succeeded" and len(invoices(tmp_path)) == 1
+    assert not sent.is_error and sent.structured_content["reference"] == "f-1"
+    assert in_flight.is_error
+    assert in_flight.content[0].text.startswith(
+        f"In flight: operation invoices.create ({op.operation_id}) is being sent right now "
+        "by another call with the same key; this call sent nothing."), in_flight.content
+    assert in_flight.meta["agent-ledger/in-flight"] is True
+    assert in_flight.meta["agent-ledger/retry-after"] == 1
+    assert replay.meta["agent-ledger/replayed"] is True
+    assert replay.structured_content == sent.structured_content
+
+
+def test_a_reply_after_the_call_was_settled_answers_from_the_record(make_key, tmp_path):
+    """The sweep moves the call on while the upstream still works (a tool timeout above
+    LEDGER_STALE_SUBMISSION_SECONDS): its late reply reaches the model as a tool error
+    naming the operation, never as a protocol error."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="slow", timeout=60)
+
+    def sweep_once_submitted():
+        from django.db import connection as thread_connection
+        try:
+            deadline = time.monotonic() + 60
+            while not Operation.objects.filter(state="submitted").exists():
+                assert time.monotonic() < deadline, "expected the call to be submitted"
+                time.sleep(0.1)
+            assert reconcile.sweep_stale_submissions(older_than=timedelta(0)) == 1
+        finally:
+            thread_connection.close()
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, sweep_once_submitted)
+                return await client.call_tool("create_invoice", invoice("s-1"))
+
+    late = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "outcome_unknown" and len(invoices(tmp_path)) == 1
+    assert late.is_error
+    assert late.content[0].text.startswith(
+        f"Late reply: operation invoices.create ({op.operation_id}) moved on to "
+        "outcome_unknown before the upstream's reply arrived."), late.content[0].text
+    assert {k: v for k, v in late.meta.items() if k.startswith("agent-ledger/")} == {
+        "agent-ledger/late-reply": True, "agent-ledger/operation-id": op.operation_id,
+        "agent-ledger/state": "outcome_unknown"}
 
 
 def test_named_arguments_make_the_key_across_sessions(make_key, tmp_path):
@@ -322,7 +416,10 @@ def test_with_approval_wait_the_gateway_waits_for_the_decision(make_key, tmp_pat
 
 def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_path):
     secret = make_key("http-billing-bot")
+    other_tenant = make_key("globex-bot", tenants=["globex"])
     config = write_config(tmp_path)
+    config.write_text(config.read_text().replace('name = "billing"',
+                                                 'name = "billing"\ntenant = "default"'))
     port = free_port()
     log = open(tmp_path / "gateway.log", "w+")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -346,11 +443,38 @@ def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_pa
             http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
             async with http, Client(streamable_http_client(url, http_client=http),
                                     mode="legacy", cache=None) as client:
+                completed = await client.complete(
+                    types.PromptReference(type="ref/prompt", name="summary"),
+                    {"name": "customer", "value": "a"})
+                assert completed.completion.values == ["acme", "ada"]
                 first = await client.call_tool("create_invoice", invoice("h-1"))
                 again = await client.call_tool("create_invoice", invoice("h-1"))
                 assert first.structured_content == again.structured_content
                 return first
 
+        async def refused():
+            """Another tenant's key: every request kind is refused before the upstream."""
+            messages = []
+            async with over_http(url, other_tenant) as client:
+                for request in (
+                        client.list_tools(), client.list_resources(),
+                        client.list_resource_templates(),
+                        client.read_resource("invoices://count"), client.list_prompts(),
+                        client.get_prompt("summary", {}),
+                        client.complete(types.PromptReference(type="ref/prompt",
+                                                              name="summary"),
+                                        {"name": "x", "value": "y"}),
+                        client.call_tool("find_invoice", {"reference": "h-1"}),
+                        client.call_tool("create_invoice", invoice("h-9"))):
+                    with pytest.raises(MCPError) as caught:
+                        await request
+                    messages.append(caught.value.error.message)
+            return messages
+
+        for message in anyio.run(refused):
+            assert message == ("Refused by the ledger (PermissionDenied): expected key "
+                               "globex-bot to be granted tenant 'default', found it scoped "
+                               "to ['globex']"), message
         first = anyio.run(session)
         second = anyio.run(session)  # a new MCP session: a new effect, by design
         assert first.structured_content["id"] == "inv-1"
@@ -371,6 +495,29 @@ def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_pa
         proc.terminate()
         proc.wait(timeout=20)
         log.close()
+
+
+@contextmanager
+def gateway_over_http(config: Path, tmp_path: Path):
+    """`manage.py mcp_gateway --http` on a free port; yields its /mcp URL."""
+    port = free_port()
+    log = open(tmp_path / f"gateway-{port}.log", "w+")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "mcp_gateway", "--config", str(config), "--http",
+         f"127.0.0.1:{port}"], cwd=ROOT, env=gateway_env(""), stdout=log,
+        stderr=subprocess.STDOUT)
+    try:
+        wait_for_port(port, proc, log)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def over_http(url: str, secret: str) -> Client:
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {secret}"})
+    return Client(streamable_http_client(url, http_client=http), mode="legacy", cache=None)
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log) -> None:
@@ -465,3 +612,9 @@ def test_a_gateway_without_a_live_key_does_not_start(make_key, tmp_path):
     assert done.returncode != 0 and "expected an agent key in $LEDGER_AGENT_KEY" in done.stderr
     done = run_gateway(config, "alk_" + "x" * 43)
     assert done.returncode != 0 and "expected a live agent key" in done.stderr
+    config.write_text(config.read_text().replace('name = "billing"',
+                                                 'name = "billing"\ntenant = "acme"'))
+    done = run_gateway(config, make_key("default-bot"))
+    assert done.returncode != 0
+    assert ("expected key default-bot to be granted tenant 'acme', found it scoped to "
+            "['default']") in done.stderr

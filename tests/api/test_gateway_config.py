@@ -68,6 +68,12 @@ def test_a_good_configuration_reads_with_its_defaults():
      "[tools.create_invoice.reconcile.found] path: expected a condition on it"),
     (('absent = { path = "status", equals = "absent" }', 'absent = { text_matches = "(" }'),
      "[tools.create_invoice.reconcile.absent] text_matches: expected a regular expression"),
+    (('external_id = "id"', 'external_id = "id"\non_error = "retry"'),
+     "[tools.create_invoice] on_error: expected 'rejected' or 'unknown', found 'retry'"),
+    (('external_id = "id"', 'external_id = "id"\nunknown_when = ["503", "("]'),
+     "[tools.create_invoice] unknown_when: expected a list of regular expressions, found '('"),
+    (('external_id = "id"', 'external_id = "id"\nretry_window = -1'),
+     "[tools.create_invoice] retry_window: expected seconds, from 0 to 86400, found -1"),
 ])
 def test_each_mistake_names_its_table_key_expected_and_found(change, message):
     old, new = change
@@ -119,3 +125,27 @@ def test_templates_keep_the_type_of_a_whole_value():
 def test_the_example_configurations_are_valid(name):
     config = cfg.load(ROOT / "examples" / "gateway" / name)
     assert any(t.is_consequential and t.reconcile for t in config.tools.values())
+
+
+def test_tool_errors_are_rejected_unless_configured_as_unknown():
+    """The default: a tool error (isError) says the upstream did nothing: rejected. Patterns
+    on its text, or on a code in its structured result, may say it might have: unknown
+    (the reconciler then proves it absent or present)."""
+    default = parse(GOOD).tools["create_invoice"]
+    assert default.on_error == "rejected" and default.retry_window == 30.0
+    assert cfg.classify_error(default, "503 Service Unavailable", None) == "rejected"
+    tool = parse(GOOD.replace('external_id = "id"', """external_id = "id"
+unknown_when = ["^503 ", "(?i)timed out"]
+rejected_when = ["nothing (was )?charged"]
+error_code = "error.code"
+""", 1)).tools["create_invoice"]
+    assert cfg.classify_error(tool, "503 Service Unavailable", None) == "unknown"
+    assert cfg.classify_error(tool, "503 Service Unavailable: nothing charged",
+                              None) == "rejected"  # rejected_when is asked first
+    assert cfg.classify_error(tool, "failed", {"error": {"code": "Timed out"}}) \
+        == "unknown"
+    assert cfg.classify_error(tool, "card declined", {"error": {"code": 402}}) == "rejected"
+    everything = parse(GOOD.replace('external_id = "id"',
+                                    'external_id = "id"\non_error = "unknown"', 1))
+    assert cfg.classify_error(everything.tools["create_invoice"], "anything", None) \
+        == "unknown"

@@ -13,9 +13,16 @@ from pathlib import Path
 
 import anyio
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from ledger.models import Operation
-from tests.api.test_gateway import PROXY, reconcile_once, through_gateway
+from tests.api.test_gateway import (
+    PROXY,
+    gateway_over_http,
+    over_http,
+    reconcile_once,
+    through_gateway,
+)
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,11 +47,12 @@ def filesystem_server() -> list[str]:
     return [node, str(SERVER)]
 
 
-def write_config(tmp_path: Path, command: list[str], plan: dict) -> Path:
+def write_config(tmp_path: Path, command: list[str], plan: dict, gateway: str = "") -> Path:
     path = tmp_path / "files.toml"
     path.write_text(f"""
 [gateway]
 name = "files"
+{gateway}
 
 [upstream]
 command = {json.dumps([*PROXY, *command])}
@@ -89,7 +97,9 @@ def test_write_file_once_per_call_and_read_file_settles_the_unknown(
             assert not wrote.is_error, wrote.content
             Path(a).write_text("changed by someone else")
             again = await client.call_tool("write_file", {"path": a, "content": "hello"})
-            assert again.content[0].text == wrote.content[0].text
+            assert again.content[0].text.startswith("Not sent again: this repeats call ")
+            assert again.content[1].text == wrote.content[0].text
+            assert again.meta["agent-ledger/replayed"] is True
             assert Path(a).read_text() == "changed by someone else"  # not written twice
 
             lost_reply = await client.call_tool("write_file", {"path": b, "content": "two"})
@@ -112,3 +122,83 @@ def test_write_file_once_per_call_and_read_file_settles_the_unknown(
     assert {Path(p).name: (op.state, op.external_id) for p, op in ops.items()} == {
         "a.txt": ("succeeded", a), "b.txt": ("succeeded", b), "c.txt": ("safe_to_retry", "")}
     assert ops[b].events.get(to_state="succeeded").actor_kind == "reconciler"
+
+
+def test_a_key_of_another_tenant_can_neither_read_nor_write(make_key, tmp_path,
+                                                          filesystem_server):
+    """A gateway of tenant acme: a key granted only globex is refused on every request
+    kind (tool list, pass-through read_file and edit_file, consequential write_file)
+    before anything reaches the upstream; acme's key goes through. (Resources, prompts
+    and completions: test_gateway.py, whose upstream has them.)"""
+    acme = make_key("acme-files", tenants=["acme"])
+    globex = make_key("globex-files", tenants=["globex"])
+    files = (tmp_path / "files").resolve()
+    files.mkdir()
+    secret_file = files / "acme.txt"
+    secret_file.write_text("acme's own text")
+    config = write_config(tmp_path, [*filesystem_server, str(files)], {},
+                          gateway='tenant = "acme"')
+    path = str(secret_file)
+
+    async def as_globex(url: str) -> list[str]:
+        refusals = []
+        async with over_http(url, globex) as client:
+            for request in (
+                    client.list_tools(),
+                    client.call_tool("read_file", {"path": path}),
+                    client.call_tool("edit_file", {"path": path, "edits": [
+                        {"oldText": "acme's", "newText": "globex's"}]}),
+                    client.call_tool("write_file", {"path": path, "content": "globex"})):
+                with pytest.raises(MCPError) as refused:
+                    await request
+                refusals.append(refused.value.error.message)
+        return refusals
+
+    async def as_acme(url: str) -> str:
+        async with over_http(url, acme) as client:
+            assert "write_file" in {t.name for t in (await client.list_tools()).tools}
+            read = await client.call_tool("read_file", {"path": path})
+            return read.structured_content["content"]
+
+    with gateway_over_http(config, tmp_path) as url:
+        refusals = anyio.run(as_globex, url)
+        assert anyio.run(as_acme, url) == "acme's own text"
+    assert len(refusals) == 4
+    for message in refusals:
+        assert message == ("Refused by the ledger (PermissionDenied): expected key "
+                           "globex-files to be granted tenant 'acme', found it scoped to "
+                           "['globex']"), message
+    assert secret_file.read_text() == "acme's own text"
+    assert not Operation.objects.exists()
+
+
+def test_write_a_then_b_then_a_sends_three_times(make_key, tmp_path, filesystem_server):
+    """The default key takes a same-argument call for a retry only right after the same
+    call (no other call of the tool between, within the retry window): write A, B, A is
+    three writes and the file ends as A; an immediate repeat of the last is a replay."""
+    secret = make_key("files-bot")
+    files = (tmp_path / "files").resolve()
+    files.mkdir()
+    config = write_config(tmp_path, [*filesystem_server, str(files)], {})
+    mode = str(files / "mode.txt")
+
+    async def session():
+        async with through_gateway(config, secret) as client:
+            answers = [await client.call_tool("write_file", {"path": mode, "content": text})
+                       for text in ("mode=A", "mode=B", "mode=A")]
+            assert Path(mode).read_text() == "mode=A"
+            repeat = await client.call_tool("write_file", {"path": mode, "content": "mode=A"})
+            return answers, repeat
+
+    answers, repeat = anyio.run(session)
+    for answer in answers:
+        assert not answer.is_error and "agent-ledger/replayed" not in (answer.meta or {})
+    ops = list(Operation.objects.order_by("id"))
+    assert [(op.intent["arguments"]["content"], op.state) for op in ops] == [
+        ("mode=A", "succeeded"), ("mode=B", "succeeded"), ("mode=A", "succeeded")]
+    assert len({op.idempotency_key for op in ops}) == 3
+    assert repeat.meta["agent-ledger/replayed"] is True
+    assert repeat.meta["agent-ledger/operation-id"] == ops[2].operation_id
+    assert repeat.content[0].text.startswith(
+        f"Not sent again: this repeats call files.write ({ops[2].operation_id}) sent at ")
+    assert Path(mode).read_text() == "mode=A"

@@ -626,3 +626,157 @@ def test_a_client_action_is_a_span_whose_trace_the_operation_stores(ledger, monk
                                          f"{span.context.span_id:016x}")
     text = repr(dict(span.attributes))
     assert "hunter2" not in text and "4242" not in text and "sk-live" not in text
+
+
+# --- replays and calls in flight -------------------------------------------------------------
+
+
+def test_a_replay_says_it_is_one_over_http_and_on_the_receipt(ledger, server, secret):
+    from ledger_client import OutcomeUnknown
+
+    body = {"operation": "mail.send", "target": "smtp://mail", "intent": {"to": "ann"},
+            "idempotency_key": "ann-1"}
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {secret}"},
+                      timeout=30) as raw:
+        first = raw.post("/api/v1/operations", json={**body, "submit": True})
+        assert first.status_code == 201 and first.json()["submitted_now"] is True
+        assert "Idempotent-Replayed" not in first.headers
+    recorded = ledger.record("mail.send", target="smtp://mail", intent={"to": "bob"},
+                             idempotency_key="bob-1")
+    assert (recorded.state, recorded.replayed) == ("planned", False)
+    again = ledger.record("mail.send", target="smtp://mail", intent={"to": "bob"},
+                          idempotency_key="bob-1")
+    assert (again.operation_id, again.replayed) == (recorded.operation_id, True)
+    assert len(ops()) == 2 and ops(idempotency_key="bob-1")[0].state == "planned"
+
+    # An action's repeat of a call that ended is served from the receipt, and says so.
+    act = ledger.action("mail.send", target="smtp://mail", key=lambda to: to)(
+        Calls(raises=TimeoutError("read timed out")))
+    with pytest.raises(TimeoutError):
+        act("cyd")
+    with pytest.raises(OutcomeUnknown) as repeat:
+        act("cyd")
+    assert repeat.value.operation.replayed is True
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {secret}"},
+                      timeout=30) as raw:
+        repeat = raw.post("/api/v1/operations", json={
+            "operation": "mail.send", "target": "smtp://mail", "intent": {"args": ["cyd"]},
+            "idempotency_key": "cyd", "retry_policy": "if_absent_proven", "redact": [],
+            "submit": True})
+        assert repeat.status_code == 200, repeat.text
+        assert repeat.headers["Idempotent-Replayed"] == "true"
+        assert repeat.json()["state"] == "outcome_unknown"
+
+
+def test_a_key_another_caller_is_sending_is_in_flight_never_outcome_unknown(ledger, server,
+                                                                           secret):
+    """Ten concurrent calls, five keys: each key is sent once; every other call is told
+    the call is in flight (409 idempotency-in-flight, Retry-After), then gets the result."""
+    from ledger_client import InFlight, OutcomeUnknown, tool_message
+
+    release = threading.Event()
+    calls: list[str] = []
+
+    @ledger.action("payments.charge", target="https://psp", key=lambda ref: ref)
+    def charge(ref: str) -> dict:
+        calls.append(ref)
+        release.wait(30)
+        return {"charged": ref}
+
+    answers: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        try:
+            answers[i] = charge(f"ref-{i % 5}")
+        except Exception as exc:  # noqa: BLE001 - the test looks at each
+            answers[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(calls) < 5 or sum(isinstance(a, Exception) for a in answers.values()) < 5:
+        assert time.monotonic() < deadline, (calls, answers)
+        time.sleep(0.02)
+    release.set()
+    for t in threads:
+        t.join(30)
+    refused = [a for a in answers.values() if isinstance(a, Exception)]
+    assert sorted(calls) == [f"ref-{k}" for k in range(5)]
+    assert len(refused) == 5 and all(type(a) is InFlight for a in refused), refused
+    for exc in refused:
+        assert isinstance(exc, OutcomeUnknown)  # what existing callers catch
+        assert exc.status == 409 and exc.retry_after == 1
+        assert exc.operation.state == "submitted"
+        assert "another caller is sending it now" in exc.detail
+        assert tool_message(exc).startswith("In flight: payments.charge (operation ")
+    # Asked again once it ended: the result, from the receipt.
+    assert [charge(f"ref-{k}") for k in range(5)] == [{"charged": f"ref-{k}"}
+                                                      for k in range(5)]
+    assert len(calls) == 5
+
+    # Over HTTP: 409 problem+json with Retry-After and the operation.
+    op = ledger.record("mail.send", target="smtp://mail", intent={}, idempotency_key="m")
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {secret}"},
+                      timeout=30) as raw:
+        raw.post(f"/api/v1/operations/{op.operation_id}/submitted", json={})
+        busy = raw.post("/api/v1/operations", json={
+            "operation": "mail.send", "target": "smtp://mail", "intent": {},
+            "idempotency_key": "m", "submit": True})
+    assert busy.status_code == 409 and busy.headers["Retry-After"] == "1"
+    assert busy.headers["content-type"] == "application/problem+json"
+    problem = busy.json()
+    assert problem["type"] == "urn:agent-ledger:problem:idempotency-in-flight"
+    assert problem["operation"]["operation_id"] == op.operation_id
+    assert problem["retry_after"] == 1
+
+
+class KeepAliveOperation(http.server.BaseHTTPRequestHandler):
+    """An instant answer over a kept-alive HTTP/1.1 connection: the client's pooled socket
+    stays open until the client is closed."""
+
+    protocol_version = "HTTP/1.1"
+    body = b'{"operation_id": "op-1", "state": "planned", "version": 1}'
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_async_transport_closes_what_it_opens():
+    """One client per event loop, closed with its loop: 300 asyncio.run calls leave the
+    process's open descriptors flat (a kept-alive server, so an unclosed client would hold
+    a socket per loop)."""
+    import os
+
+    from ledger_client import Ledger
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAliveOperation)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ledger = Ledger(f"http://127.0.0.1:{server.server_address[1]}", key="alk_test")
+
+    async def read():
+        return (await ledger.aoperation("op-1")).state
+
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    try:
+        for _ in range(5):
+            assert asyncio.run(read()) == "planned"
+        before = open_descriptors()
+        for _ in range(300):
+            asyncio.run(read())
+        time.sleep(0.2)  # the server's threads see the closed connections
+        after = open_descriptors()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert after - before <= 3, f"expected flat descriptors, found {before} -> {after}"
+    assert len(ledger._async._clients) == 0  # each closed with its loop

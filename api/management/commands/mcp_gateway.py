@@ -6,6 +6,7 @@ import anyio
 from django.core.management.base import BaseCommand, CommandError
 
 from api.gateway import ConfigError, Gateway, Principal, UpstreamUnreachable, load_config
+from ledger.errors import LedgerError
 
 ENV_KEY = "LEDGER_AGENT_KEY"
 
@@ -35,9 +36,14 @@ class Command(BaseCommand):
                 raise CommandError(f"expected an agent key in ${ENV_KEY}, found none")
             from ledger import agent_keys
 
-            if agent_keys.authenticate(principal.secret) is None:
+            key = agent_keys.authenticate(principal.secret)
+            if key is None:
                 raise CommandError(f"expected a live agent key in ${ENV_KEY}, found one that "
                                    "is malformed, unknown or revoked")
+            try:  # the gateway's tenant, which every request checks again
+                Gateway(gateway_config, principal=principal)._tenant(key)
+            except LedgerError as exc:
+                raise CommandError(f"{config}: {exc}") from None
         gateway = Gateway(gateway_config, principal=principal)
         try:
             if check:

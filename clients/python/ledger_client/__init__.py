@@ -18,6 +18,7 @@ from ledger_client.errors import (
     HTTPError,
     IdempotencyKeyReused,
     IllegalTransition,
+    InFlight,
     InternalError,
     InvalidInput,
     InvalidInputProblem,
@@ -47,7 +48,7 @@ from ledger_client.tools import tool_message
 
 __all__ = [
     "AlreadyCommitted", "ApprovalDenied", "ApprovalRequired", "ConfigurationError",
-    "DependencyNotMet", "HTTPError", "IdempotencyKeyReused", "IllegalTransition",
+    "DependencyNotMet", "HTTPError", "IdempotencyKeyReused", "IllegalTransition", "InFlight",
     "InternalError", "InvalidInput", "InvalidInputProblem", "InvalidRequest", "LeaseHeld",
     "Ledger", "LedgerError", "LedgerUnavailable", "MalformedBody", "NotFound",
     "OutcomeNotRecorded", "OutcomeUnknown", "PermissionDenied", "ProblemError", "Receipt",

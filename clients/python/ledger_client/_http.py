@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from ledger_client import errors
 from ledger_client.receipt import Receipt
 
 PROBLEM = "application/problem+json"
+REPLAYED = "Idempotent-Replayed"
 CONNECT_DELAYS = (0.05, 0.2, 0.5)  # after a refused connection: nothing was sent
 
 
@@ -50,12 +52,15 @@ def answer(request: Request, response: httpx.Response) -> Any:
     content_type = response.headers.get("content-type", "").split(";")[0].strip()
     if 200 <= status < 300:
         try:
-            return response.json()
+            data = response.json()
         except ValueError as exc:
             raise errors.UnexpectedResponse(
                 f"expected JSON from the ledger for {_describe(request)}, found "
                 f"{status} with {content_type or 'no content type'}: "
                 f"{response.text[:200]!r}", cause=exc) from None
+        if isinstance(data, dict) and response.headers.get(REPLAYED, "").lower() == "true":
+            data["replayed"] = True  # served from the stored receipt (Receipt.replayed)
+        return data
     problem = None
     if content_type == PROBLEM:
         try:
@@ -113,24 +118,41 @@ class SyncTransport:
 
 class AsyncTransport:
     """One httpx.AsyncClient per event loop (a client is bound to the loop it first ran
-    on; `asyncio.run` twice gives two loops)."""
+    on; `asyncio.run` twice gives two loops), closed with its loop: a guard async
+    generator started on the loop closes the client when the loop shuts its async
+    generators down (`asyncio.run` and anyio do, before closing the loop), so 300
+    `asyncio.run` calls leave no socket open. `aclose()` closes them all at once."""
 
     def __init__(self, url: str, key: str, *, timeout: float, transport=None):
         self.url = url
         self._settings = {"base_url": url, "timeout": timeout, "transport": transport,
                           "headers": {"Authorization": f"Bearer {key}",
                                       "Accept": "application/json"}}
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        # loop -> (its client, the guard that closes it); weak: a dropped loop drops both
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = id(asyncio.get_running_loop())
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = httpx.AsyncClient(**self._settings)
+    async def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        found = self._clients.get(loop)
+        if found is not None:
+            return found[0]
+        client = httpx.AsyncClient(**self._settings)
+        guard = self._close_with_loop(client)
+        self._clients[loop] = (client, guard)
+        await guard.asend(None)  # started: the loop now finalizes it at shutdown
         return client
 
+    async def _close_with_loop(self, client: httpx.AsyncClient):
+        try:
+            yield
+        finally:  # the loop is shutting down (or aclose): it still runs this
+            loop = asyncio.get_running_loop()
+            if self._clients.get(loop, (None,))[0] is client:
+                del self._clients[loop]
+            await client.aclose()
+
     async def send(self, request: Request) -> Any:
-        client = self._client()
+        client = await self._client()
         for delay in (*CONNECT_DELAYS, None):
             try:
                 response = await client.request(request.method, request.path,
@@ -147,6 +169,7 @@ class AsyncTransport:
         raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
-        clients, self._clients = self._clients, {}
-        for client in clients.values():
-            await client.aclose()
+        """Close this loop's client now (the others close with their loops)."""
+        found = self._clients.get(asyncio.get_running_loop())
+        if found is not None:
+            await found[1].aclose()  # its finally closes the client

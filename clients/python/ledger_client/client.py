@@ -225,8 +225,11 @@ class Ledger:
         sent now -> call; the return value is recorded as succeeded with its `result`
         and returned; an exception in `rejections` -> rejected, any other ->
         outcome_unknown, both re-raised. Succeeded before -> the stored result, not called
-        (UnstorableResult if none was stored); submitted / outcome_unknown / reconciling /
-        manual_review -> OutcomeUnknown; rejected or abandoned -> Rejected, not called.
+        (UnstorableResult if none was stored); submitted (another caller is sending it) ->
+        InFlight (a subclass of OutcomeUnknown; ask again after `.retry_after` s);
+        outcome_unknown / reconciling / manual_review -> OutcomeUnknown; rejected or
+        abandoned -> Rejected, not called. The receipt on those errors (`.operation`) and
+        on the action's span says `replayed`.
 
         The key: inside `ledger.step(run_id, step_id)` derived from the run and step (the
         n-th call of one operation in the step is call "n"); otherwise `key(*args,
@@ -426,6 +429,60 @@ class Ledger:
         fences every write. Works with `with` and `async with`; each asyncio task sees
         its own scope."""
         return _StepScope(run_id, step_id, fencing_token)
+
+    def record(self, operation: str, *, target: str, intent: dict[str, Any],
+               idempotency_key: str | None = None, tenant: str | None = None,
+               run: str | None = None, step: str | None = None, call: str | None = None,
+               retry_policy: str = "if_absent_proven", redact: Iterable[str] = (),
+               fingerprint_fields: Iterable[str] | None = None,
+               keep: Iterable[str] | None = None) -> Receipt:
+        """Record an intent without submitting it (`receipts.record_intent` over the API):
+        the planned operation, or the existing one of the same key and intent
+        (`.replayed` true, its state as it stands: do not send unless it is planned or
+        safe_to_retry). Mark it with `POST /api/v1/operations/{id}/submitted` etc., or
+        let an action of the same key send it. IdempotencyKeyReused for another intent."""
+        return Receipt(self._sync.send(self._record_request(
+            operation, target, intent, idempotency_key, tenant, run, step, call,
+            retry_policy, redact, fingerprint_fields, keep)))
+
+    async def arecord(self, operation: str, *, target: str, intent: dict[str, Any],
+                      idempotency_key: str | None = None, tenant: str | None = None,
+                      run: str | None = None, step: str | None = None,
+                      call: str | None = None, retry_policy: str = "if_absent_proven",
+                      redact: Iterable[str] = (),
+                      fingerprint_fields: Iterable[str] | None = None,
+                      keep: Iterable[str] | None = None) -> Receipt:
+        return Receipt(await self._async.send(self._record_request(
+            operation, target, intent, idempotency_key, tenant, run, step, call,
+            retry_policy, redact, fingerprint_fields, keep)))
+
+    def _record_request(self, operation, target, intent, idempotency_key, tenant, run,
+                        step, call, retry_policy, redact, fingerprint_fields, keep
+                        ) -> Request:
+        if not isinstance(intent, dict):
+            raise errors.InvalidInput(f"expected intent to be a dict, found "
+                                      f"{type(intent).__name__}")
+        why = _not_json(intent, "intent")
+        if why:
+            raise errors.InvalidInput(f"expected the intent of {operation} to be JSON, found "
+                                      f"{why}; nothing was recorded")
+        if retry_policy not in RETRY_POLICIES:
+            raise errors.InvalidInput(f"expected retry_policy in {list(RETRY_POLICIES)}, "
+                                      f"found {retry_policy!r}")
+        body: dict[str, Any] = {"operation": operation, "target": target, "intent": intent,
+                                "retry_policy": retry_policy,
+                                "redact": list(_paths(redact, "redact"))}
+        for name, value in (("idempotency_key", idempotency_key),
+                            ("tenant", tenant or self.tenant), ("run", run), ("step", step),
+                            ("call", call)):
+            if value is not None:
+                body[name] = value
+        if fingerprint_fields is not None:
+            body["fingerprint_fields"] = list(_paths(fingerprint_fields,
+                                                     "fingerprint_fields"))
+        if keep is not None:
+            body["keep"] = list(_paths(keep, "keep"))
+        return Request("POST", OPERATIONS, body)
 
     def operation(self, operation_id: str) -> Receipt:
         """The receipt with its events, evidence and approval status."""
@@ -674,6 +731,14 @@ def _settled(receipt: Receipt) -> Any:
             f"{receipt.idempotency_key}) to be sendable, found it {state}"
             + (f" with code {code}" if code else "") + "; it is not sent again",
             operation=receipt)
+    if state == "submitted":  # another caller is sending it (a ledger without the 409)
+        raise errors.InFlight(
+            f"expected operation {receipt.operation_id} ({receipt.operation}, key "
+            f"{receipt.idempotency_key}) planned, safe_to_retry or succeeded, found "
+            "submitted: another caller is sending it now; it is not sent again, ask again "
+            "shortly for its outcome", status=409, operation=receipt,
+            problem={"type": errors.PROBLEM_PREFIX + errors.InFlight.slug,
+                     "detail": "in flight", "retry_after": 1})
     raise errors.OutcomeUnknown(
         f"expected operation {receipt.operation_id} ({receipt.operation}, key "
         f"{receipt.idempotency_key}) planned, safe_to_retry or succeeded, found {state}: an "

@@ -226,6 +226,19 @@ class ApprovalDenied(Refused):
         return self.problem.get("reason")
 
 
+class InFlight(OutcomeUnknown, Refused):
+    """409 `idempotency-in-flight`: another caller is sending this key right now (the
+    operation is submitted): the function was not called. Ask again after `retry_after`
+    seconds for its outcome. A subclass of OutcomeUnknown, so code catching that keeps
+    working; `.operation` is the receipt."""
+    slug = "idempotency-in-flight"
+
+    @property
+    def retry_after(self) -> float:
+        value = self.problem.get("retry_after")
+        return float(value) if isinstance(value, int | float) else 1.0
+
+
 class SecondPersonRequired(Refused):
     slug = "second-person-required"
 
@@ -241,6 +254,6 @@ PROBLEM_TYPES: dict[str, type[LedgerError]] = {
         InvalidInputProblem, HTTPError, Refused, IdempotencyKeyReused, StaleVersion,
         IllegalTransition, StaleFencingToken, LeaseHeld, AlreadyCommitted, StaleFact,
         DependencyNotMet, ApprovalRequired, ApprovalDenied, SecondPersonRequired,
-        InternalError,
+        InFlight, InternalError,
     )
 }

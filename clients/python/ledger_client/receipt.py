@@ -11,12 +11,20 @@ class Receipt:
     """An operation as the ledger answered it: `operation_id`, `tenant`, `operation`,
     `target`, `state`, `version`, `attempt`, `idempotency_key`, `intent_fingerprint`,
     `external_id`, `result`, `error_code`, ... (every field of the API's operation, as
-    attributes); `.data` is the whole answer."""
+    attributes); `.data` is the whole answer; `.replayed` whether it was served from the
+    stored receipt."""
 
     __slots__ = ("data",)
 
     def __init__(self, data: dict[str, Any]):
         self.data = data
+
+    @property
+    def replayed(self) -> bool:
+        """True when the ledger answered from this stored receipt instead of recording or
+        sending anything for the request (its `Idempotent-Replayed: true`): a repeat of an
+        earlier call, whose recorded state and result these are."""
+        return bool(self.data.get("replayed", False))
 
     def __getattr__(self, name: str) -> Any:
         try:

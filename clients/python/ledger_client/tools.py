@@ -22,6 +22,7 @@ def tool_message(error: Exception) -> str:
     """The message for the model about `error`, raised by a `ledger.action` call (or by the
     framework around it). Never raises.
 
+    - in flight (`InFlight`): another call is sending the same key; call again shortly
     - the outcome is not proven (`OutcomeUnknown`, `OutcomeNotRecorded`, or the call's own
       exception recorded as outcome_unknown): "... Do not retry; the ledger is reconciling
       operation X." (in manual_review: a person decides operation X)
@@ -49,6 +50,10 @@ def tool_message(error: Exception) -> str:
     if isinstance(error, errors.StaleFencingToken):
         return ("Stopped: another worker took over this run; nothing was sent. Do not "
                 "continue this run.")
+    if isinstance(error, errors.InFlight):
+        return (f"In flight: {which} is being sent right now by another call with the same "
+                f"key; this call sent nothing. Call again in {error.retry_after:g} s with the "
+                "same arguments to get its outcome.")
     if state == "manual_review":
         return (f"Outcome unknown: {which} was sent and whether it took effect is not "
                 f"proven; a person is reviewing it. Do not retry; a person decides "

@@ -3,7 +3,8 @@
 Each action call is one span following the GenAI semantic conventions for tool calls:
 name `execute_tool {operation}`, `gen_ai.operation.name` = execute_tool,
 `gen_ai.tool.name`, `gen_ai.tool.call.id` (the operation id), plus `ledger.operation_id`,
-`ledger.state` (as last recorded) and `ledger.idempotency_key`. Nothing else of the call
+`ledger.state` (as last recorded) and `ledger.idempotency_key`; `ledger.replayed` true
+when the call was answered from the stored receipt (nothing sent). Nothing else of the call
 goes into the span: no intent, no result, no key or header (they may hold secrets).
 """
 
@@ -33,6 +34,8 @@ class _Span:
             "ledger.state": data.get("state") or "",
             "ledger.idempotency_key": data.get("idempotency_key") or "",
         })
+        if data.get("replayed"):  # answered from the stored receipt: nothing was sent
+            self.span.set_attribute("ledger.replayed", True)
 
     def ids(self) -> tuple[str, str] | None:
         """(trace id, span id) in hex, or None without a recording span."""

@@ -18,6 +18,23 @@ export class LedgerError extends Error {
 /** The key was sent before and its effect is not proven: the function was not called. */
 export class OutcomeUnknown extends LedgerError {}
 
+/** 409 `idempotency-in-flight`: another caller is sending this key right now (submitted);
+ * the function was not called. Ask again after `retryAfter` seconds for its outcome. A
+ * subclass of OutcomeUnknown, so code catching that keeps working. */
+export class InFlight extends OutcomeUnknown {
+  static slug = "idempotency-in-flight";
+  constructor(message, { status = 409, problem = {}, operation = null } = {}) {
+    super(message, { operation });
+    this.status = status;
+    this.problem = problem;
+    this.detail = problem.detail ?? "";
+  }
+
+  get retryAfter() {
+    return typeof this.problem.retry_after === "number" ? this.problem.retry_after : 1;
+  }
+}
+
 /** The key was rejected by the external system or abandoned by a person: not called. */
 export class Rejected extends LedgerError {}
 
@@ -129,5 +146,6 @@ export const PROBLEM_TYPES = Object.fromEntries([
   Unauthenticated, PermissionDenied, NotFound, InvalidRequest, MalformedBody,
   InvalidInputProblem, HTTPError, Refused, IdempotencyKeyReused, StaleVersion,
   IllegalTransition, StaleFencingToken, LeaseHeld, AlreadyCommitted, StaleFact,
-  DependencyNotMet, ApprovalRequired, ApprovalDenied, SecondPersonRequired, InternalError,
+  DependencyNotMet, ApprovalRequired, ApprovalDenied, SecondPersonRequired, InFlight,
+  InternalError,
 ].map((cls) => [cls.slug, cls]));

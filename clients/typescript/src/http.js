@@ -7,6 +7,7 @@ import * as errors from "./errors.js";
 import { Receipt } from "./receipt.js";
 
 const PROBLEM = "application/problem+json";
+const REPLAYED = "Idempotent-Replayed";
 const CONNECT_DELAYS = [50, 200, 500]; // ms, after a refused connection: nothing was sent
 const REFUSED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "ECONNRESET_BEFORE_SEND"]);
 
@@ -51,13 +52,20 @@ async function answer(request, response) {
   const contentType = (response.headers.get("content-type") ?? "").split(";")[0].trim();
   const text = await response.text();
   if (status >= 200 && status < 300) {
+    let data;
     try {
-      return JSON.parse(text);
+      data = JSON.parse(text);
     } catch (exc) {
       throw new errors.UnexpectedResponse(
         `expected JSON from the ledger for ${describe(request)}, found ${status} with ` +
         `${contentType || "no content type"}: ${JSON.stringify(text.slice(0, 200))}`, { cause: exc });
     }
+    // Served from the stored receipt (Receipt.replayed): nothing was recorded or sent.
+    if (data && typeof data === "object" && !Array.isArray(data) &&
+        (response.headers.get(REPLAYED) ?? "").toLowerCase() === "true") {
+      data.replayed = true;
+    }
+    return data;
   }
   let problem = null;
   if (contentType === PROBLEM) {

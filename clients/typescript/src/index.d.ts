@@ -20,6 +20,8 @@ export declare class Receipt {
   result: unknown;
   result_unstorable?: string | null;
   error_code: string | null;
+  /** True when the ledger served this from the stored receipt (Idempotent-Replayed). */
+  readonly replayed: boolean;
   [field: string]: unknown;
 }
 
@@ -28,6 +30,14 @@ export declare class LedgerError extends Error {
   operation: Receipt | null;
 }
 export declare class OutcomeUnknown extends LedgerError {}
+/** 409 idempotency-in-flight: another caller is sending this key now; ask again later. */
+export declare class InFlight extends OutcomeUnknown {
+  constructor(message: string, options?: { status?: number; problem?: Record<string, unknown>; operation?: Receipt | null });
+  status: number;
+  problem: Record<string, unknown>;
+  detail: string;
+  readonly retryAfter: number;
+}
 export declare class Rejected extends LedgerError {}
 export declare class UnstorableResult extends LedgerError { value: unknown; }
 export declare class InvalidInput extends LedgerError {}

@@ -452,6 +452,13 @@ function settled(receipt) {
       `${receipt.idempotency_key}) to be sendable, found it ${state}` +
       (code ? ` with code ${code}` : "") + "; it is not sent again", { operation: receipt });
   }
+  if (state === "submitted") { // another caller is sending it (a ledger without the 409)
+    throw new errors.InFlight(
+      `expected operation ${receipt.operation_id} (${receipt.operation}, key ` +
+      `${receipt.idempotency_key}) planned, safe_to_retry or succeeded, found submitted: ` +
+      "another caller is sending it now; it is not sent again, ask again shortly for its " +
+      "outcome", { operation: receipt, problem: { retry_after: 1, detail: "in flight" } });
+  }
   throw new errors.OutcomeUnknown(
     `expected operation ${receipt.operation_id} (${receipt.operation}, key ` +
     `${receipt.idempotency_key}) planned, safe_to_retry or succeeded, found ${state}: an ` +

@@ -102,10 +102,28 @@ describe("the lifecycle", () => {
     const act = ledger().action(unique("pay.send"), { target: "https://pay", key: byValue }, send);
     await assert.rejects(act("p1"), TimeoutError);
     await assert.rejects(act("p1"), (exc) => exc instanceof client.OutcomeUnknown
+      && !(exc instanceof client.InFlight) && exc.operation.replayed === true
       && exc.operation.state === "outcome_unknown" && /not sent again/.test(exc.message));
     assert.equal(send.count, 1);
     const receipt = await act.receipt("p1");
     assert.equal(receipt.error_code, "TimeoutError");
+    assert.equal(receipt.replayed, false);
+  });
+
+  test("a key another call is sending is InFlight (409, Retry-After), never a bare OutcomeUnknown", async () => {
+    let release;
+    const gate = new Promise((ok) => { release = ok; });
+    const send = calls(async (v) => { await gate; return { sent: v }; });
+    const act = ledger().action(unique("pay.charge"), { target: "https://psp", key: byValue }, send);
+    const first = act("c1");
+    while (send.count === 0) await new Promise((ok) => setTimeout(ok, 10));
+    await assert.rejects(act("c1"), (exc) => exc instanceof client.InFlight
+      && exc instanceof client.OutcomeUnknown && exc.status === 409 && exc.retryAfter === 1
+      && exc.operation.state === "submitted" && /another caller is sending it now/.test(exc.message));
+    release();
+    assert.deepEqual(await first, { sent: "c1" });
+    assert.deepEqual(await act("c1"), { sent: "c1" });
+    assert.equal(send.count, 1);
   });
 
   test("a rejection is recorded, re-raised, and later calls are Rejected without calling", async () => {
