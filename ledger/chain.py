@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,38 +63,26 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from ledger.canonical import REDACTED, canonical_json
+from ledger.chain_content import CURRENT_FORMAT as CURRENT_FORMAT
+from ledger.chain_content import content_sql as content_sql
+from ledger.chain_content import digest_sql
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 from ledger.states import ActorKind
 
+logger = logging.getLogger("ledger.chain")
+
 GENESIS = "0" * 64
-# The format every operation event is written in now (see the module's docstring).
-CURRENT_FORMAT = 3
+# CURRENT_FORMAT, the format every operation event is written in now, and content_sql,
+# what its link covers of its operation: PostgreSQL sets both on every event
+# (ledger.chain_content); re-exported here.
+_digest_sql = digest_sql
 
-
-def _digest_sql(value: str) -> str:
-    """The SQL of the sha256 (hex) of `value`'s text (jsonb's own text form); NULL stays NULL."""
-    return f"encode(sha256(convert_to(({value})::text, 'UTF8')), 'hex')"
-
-
-def content_sql(row: str, *, intent: str | None = None) -> str:
-    """The SQL of what a format 3 link covers of the operation `row` (a table alias or CTE
-    name with the operation's columns): its target, key, retry policy, fingerprint and the
-    digests of its intent and result, as a jsonb object. The statements of
-    `ledger.transitions` store it on the event from the row they wrote; verification
-    computes it again from the stored row (`intent`: another expression for the intent's
-    digest, for a redacted one)."""
-    return (f"jsonb_build_object('target', {row}.target, 'intent', "
-            f"{intent or _digest_sql(f'{row}.intent')}, 'fingerprint', "
-            f"{row}.intent_fingerprint, 'key', {row}.idempotency_key, 'retry_policy', "
-            f"{row}.retry_policy, 'result', {_digest_sql(f'{row}.result')})")
-
-
-# The columns `content_sql` reads: every statement writing an event returns them.
+# The columns `content_sql` reads (the statements of ledger.transitions return them).
 CONTENT_COLUMNS = ("target", "intent", "intent_fingerprint", "idempotency_key", "retry_policy",
                    "result")
 
@@ -190,20 +179,28 @@ _SEAL_LOCK = 0x5E41
 def seal(*, tenant: str | None = None, limit: int = SEAL_BATCH) -> int:
     """Link every committed, unsealed operation event into its tenant's chain; the count.
 
-    Per tenant, batches of `limit` events in id order, each in its own transaction (a crash
-    mid-batch leaves that batch unsealed, the earlier ones sealed, the chain intact). A
-    tenant another sealer is working on is skipped. Call outside a transaction to see what
-    other sessions committed meanwhile.
+    Per tenant, batches of `limit` events in id order, each in its own transaction (a
+    savepoint inside a caller's): a crash mid-batch leaves that batch unsealed, the earlier
+    ones sealed, the chain intact. Each tenant is sealed in isolation: a tenant whose batch
+    fails (say a link PostgreSQL refuses) is logged and left for the next sweep, and the
+    other tenants are sealed all the same. A tenant another sealer is working on is
+    skipped. Call outside a transaction to see what other sessions committed meanwhile.
     """
     if limit < 1:
         raise ValueError(f"expected a batch limit of at least 1, found {limit}")
     sealed = 0
     for name in [tenant] if tenant is not None else _unsealed_tenants():
-        while True:
-            count = _seal_batch(name, limit)
-            sealed += count
-            if count < limit:
-                break
+        try:
+            while True:
+                count = _seal_batch(name, limit)
+                sealed += count
+                if count < limit:
+                    break
+        except Exception as exc:  # one tenant's failure never holds another's
+            logger.error("sealing tenant %r failed; its unsealed events wait for the next "
+                         "sweep, the other tenants are sealed: %s: %s", name,
+                         type(exc).__name__, str(exc).strip(),
+                         exc_info=not isinstance(exc, DatabaseError))
     return sealed
 
 
@@ -222,13 +219,19 @@ def _unsealed_tenants() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def _lock_tenant(tenant: str) -> bool:
+    """Take the sealer's lock of `tenant` for the transaction, without waiting; whether it
+    was taken (another sealer holds it: skip the tenant). The one place the lock is taken."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))",
+                       [_SEAL_LOCK, tenant])
+        return cursor.fetchone()[0]
+
+
 def _seal_batch(tenant: str, limit: int) -> int:
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))",
-                           [_SEAL_LOCK, tenant])
-            if not cursor.fetchone()[0]:
-                return 0
+        if not _lock_tenant(tenant):
+            return 0
         head = (ChainHead.objects.filter(chain=OPERATION_EVENTS.name, tenant=tenant)
                 .values_list("seq", "hash").first()) or (0, GENESIS)
         rows = list(_event_rows().filter(tenant=tenant, chain_seq__isnull=True)
@@ -288,6 +291,8 @@ class ChainSpec:
     describe: Callable[[Model], dict[str, Any]]  # ids that name a broken link
     seq_field: str = "chain_seq"
     hash_field: str = "chain_hash"
+    # A format that only grows along the chain (what each link covers), if the chain has one.
+    format_field: str | None = None
 
 
 CHAINS: dict[str, ChainSpec] = {}
@@ -398,6 +403,7 @@ OPERATION_EVENTS = register(
         rows=_event_rows,
         payload=operation_event_payload,
         describe=lambda event: {"event_id": event.pk, "operation_id": event.operation_ref},
+        format_field="chain_format",
     )
 )
 
@@ -595,9 +601,24 @@ def _verify_one(
         due.setdefault(checkpoint.seq, []).append(checkpoint)
     prev_seq, prev_hash = 0, GENESIS
     checked = 0
+    latest_format = 0
     for row in _rows_in_order(spec, head.tenant):
         seq, stored = getattr(row, spec.seq_field), getattr(row, spec.hash_field)
         checked += 1
+        if spec.format_field is not None:
+            row_format = getattr(row, spec.format_field)
+            if row_format < latest_format:
+                # PostgreSQL writes every event in the current format: an older one after a
+                # newer one was written or rewritten out of band, to cover less.
+                return checked, Break(
+                    spec.name, head.tenant, seq, expected=f"chain format {latest_format} "
+                    "or later", found=f"chain format {row_format}",
+                    message=f"the link's chain format went back from {latest_format} to "
+                            f"{row_format}: it was written or rewritten out of band to cover "
+                            "less than the links before it",
+                    ids=spec.describe(row),
+                )
+            latest_format = row_format
         if seq != prev_seq + 1:
             if seq - 1 not in anchors:
                 return checked, Break(

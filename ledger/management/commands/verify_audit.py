@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from ledger import chain
 
@@ -50,8 +51,15 @@ class Command(BaseCommand):
     def handle(self, *args, actor, verbosity, export_head, expect_head, no_seal, **options):
         actor = actor or f"manage.py verify_audit ({getpass.getuser()}@{socket.gethostname()})"
         expected = _read_expected(expect_head) if expect_head else None
-        result = chain.verify(actor=actor, expected_heads=expected, seal_first=not no_seal,
-                              progress=self.stdout.write if verbosity > 1 else None)
+        try:
+            result = chain.verify(actor=actor, expected_heads=expected,
+                                  seal_first=not no_seal,
+                                  progress=self.stdout.write if verbosity > 1 else None)
+        except DatabaseError as exc:  # named, never a traceback: the trail is not verified
+            raise CommandError(
+                f"expected to read and record the audit trail, found a database error "
+                f"({type(exc).__name__}): {str(exc).strip()}; the trail is NOT verified"
+            ) from None
         found = result.first_break
         for row in result.differing:
             self.stderr.write(

@@ -1,0 +1,24 @@
+"""The chain's columns are PostgreSQL's alone (ledger.chain_content): every operation event
+is written unsealed (a writer's chain_seq or chain_hash is refused; only the sealer's
+`ledger_seal_events` links it), in the current chain format, with the content PostgreSQL
+computes from its operation's row, whatever the writer sent."""
+
+import pgtrigger.compiler
+import pgtrigger.migrations
+from django.db import migrations
+
+import ledger.models.triggers
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('ledger', '0040_run_unfinished_tenant_lease'),
+    ]
+
+    operations = [
+        pgtrigger.migrations.AddTrigger(
+            model_name='operationevent',
+            trigger=pgtrigger.compiler.Trigger(name='event_chain_columns', sql=ledger.models.triggers.UnbypassableTriggerSql(func="\n    IF NEW.chain_seq IS NOT NULL OR NEW.chain_hash IS NOT NULL THEN\n        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',\n            MESSAGE = format('event of operation %s at version %s: expected it written '\n                             'unsealed (chain_seq and chain_hash NULL: only the sealer links '\n                             'an event, through ledger_seal_events), found chain_seq %s',\n                             NEW.operation_id, NEW.version,\n                             COALESCE(NEW.chain_seq::text, 'NULL'));\n    END IF;\n    NEW.chain_format := 3;\n    SELECT jsonb_build_object('target', o.target, 'intent', encode(sha256(convert_to((o.intent)::text, 'UTF8')), 'hex'), 'fingerprint', o.intent_fingerprint, 'key', o.idempotency_key, 'retry_policy', o.retry_policy, 'result', encode(sha256(convert_to((o.result)::text, 'UTF8')), 'hex')) INTO NEW.content\n      FROM ledger_operation o WHERE o.id = NEW.operation_id;\n    RETURN NEW;\n", hash='c2b124956b0656d0a730faefee06296e0c222bfe', operation='INSERT', pgid='pgtrigger_event_chain_columns_1d0f6', table='ledger_operationevent', when='BEFORE')),
+        ),
+    ]
