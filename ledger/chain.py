@@ -486,6 +486,7 @@ def verify(
     progress: Callable[[str], None] | None = None,
     expected_heads: dict[tuple[str, str], Checkpoint] | None = None,
     seal_first: bool = True,
+    signed_heads: dict[tuple[str, str], list[Checkpoint]] | None = None,
 ) -> Verification:
     """Walk every chain of every tenant; record and return the first break, if any.
 
@@ -499,8 +500,9 @@ def verify(
     event nor an anchor before it, or when the chain head is not the last link. A chain is
     truncated or rewritten when it no longer extends a head an earlier intact verification
     recorded, or one of `expected_heads` ((chain, tenant) -> Checkpoint, e.g. from
-    `read_heads`). Then every Evidence row and every operation row is checked against its
-    events (see the module's docstring). Never changes a chained row.
+    `read_heads`), or one of `signed_heads` (the signed checkpoints,
+    `ledger.audit_bundle.stored_checkpoints`). Then every Evidence row and every operation
+    row is checked against its events (see the module's docstring). Never changes a chained row.
     """
     started = timezone.now()
     if seal_first:
@@ -517,6 +519,7 @@ def verify(
                 continue
             key = (head.chain, head.tenant)
             checkpoints = [cp for cp in (recorded.get(key), expected.get(key)) if cp is not None]
+            checkpoints += (signed_heads or {}).get(key, [])
             visit = book.visit if spec is OPERATION_EVENTS else None
             count, found = _verify_one(spec, head, checkpoints, visit)
             heads[key] = {"chain": head.chain, "tenant": head.tenant, "seq": head.seq,
@@ -526,10 +529,12 @@ def verify(
             if progress:
                 progress(f"{head.chain}/{head.tenant}: {count} links, "
                          f"{'intact' if found is None else 'BROKEN'}")
-        for key in sorted({*recorded, *expected} - heads.keys()):
+        signed = {key: max(held, key=lambda cp: cp.seq)
+                  for key, held in (signed_heads or {}).items() if held}
+        for key in sorted({*recorded, *expected, *signed} - heads.keys()):
             if key[0] not in CHAINS:
                 continue
-            checkpoint = expected.get(key) or recorded[key]
+            checkpoint = expected.get(key) or signed.get(key) or recorded[key]
             heads[key] = {"chain": key[0], "tenant": key[1], "seq": 0, "hash": "",
                           "links_checked": 0}
             breaks.setdefault(key, Break(

@@ -1,6 +1,7 @@
 """The chain's columns are PostgreSQL's alone (issue 41, item 6): a writer's `chain_seq`
 and `chain_hash` are refused, its `chain_format` and `content` replaced by what PostgreSQL
-computes, as every role that may insert events, each in a child process of its own login;
+computes, and a signed checkpoint refused, as every role that may insert events, each in a
+child process of its own login;
 the sealer seals each tenant in isolation; verify_audit names a break, never a traceback."""
 
 import json
@@ -80,12 +81,19 @@ def test_a_writer_cannot_link_its_event_or_choose_what_the_link_covers(role):
         "linked at head + 1": event(head.seq + 1, "f" * 64, None, None),
         "linked, hash alone": event(None, "f" * 64, None, None),
         "format 1, forged content": event(None, None, 1, forged_content),
+        "a signed checkpoint": (
+            "INSERT INTO ledger_auditcheckpoint (chain, tenant, seq, hash, signed_at, key_id, "
+            "signature) VALUES ('operation_events', %s, %s, %s, now(), '0123456789abcdef', "
+            "%s) RETURNING id", [op.tenant, head.seq + 1, "f" * 64, "00" * 64]),
     }))
 
     for name in ("linked at head + 1", "linked, hash alone"):
         refused = result[name]
         assert refused.get("sqlstate") == "42501", (role, name, refused)
         assert "expected it written unsealed" in refused["error"], (role, name, refused)
+    refused = result["a signed checkpoint"]  # only the key's holder, as the owner, signs
+    assert refused.get("sqlstate") == "42501", (role, refused)
+    assert "permission denied for table ledger_auditcheckpoint" in refused["error"], refused
     stored = result["format 1, forged content"].get("stored")
     assert stored is not None, (role, "expected the event written with PostgreSQL's own "
                                 "chain columns", result["format 1, forged content"])
