@@ -29,11 +29,15 @@ What an operation event's link covers has a format (`OperationEvent.chain_format
 format 1 the transition alone; format 2 also the operation's `external_id` after the move,
 the deciding user of a person's event (`decided_by`) and the seal of the `Evidence` row the
 reconciler wrote with it (`evidence_seal`: the row's digest, so the row itself cannot be
-rewritten unseen; retention's redaction of its payloads is accounted for); format 3
-(`CURRENT_FORMAT`, every event written since) also the operation's identity and content as
-of the event (`content`: target, the digests of its intent and result, fingerprint, key,
-retry policy; `content_sql`), computed by PostgreSQL from the row the event's own statement
-wrote. Old events keep verifying the way they were written.
+rewritten unseen; retention's redaction of its payloads is accounted for); format 3 also
+the operation's identity and content as of the event (`content`: target, the digests of its
+intent and result, fingerprint, key, retry policy); format 4 (`CURRENT_FORMAT`, every event
+written since migration 0043) every other column of the operation in `content` too
+(`ledger.chain_content.FORMAT_4_COLUMNS`: name, tenant, run, step, relies_on, attempt,
+its times, error code and detail, conflict, trace and span ids, ...). PostgreSQL sets an
+event's format and computes its content from the row the event's own statement wrote
+(trigger `event_chain_columns`), whatever the writer sent. Old events keep verifying the
+way they were written; a link of an older format after a newer one is a break.
 
 `verify` checks, besides every link:
 - the chain heads recorded by earlier intact verifications, and any heads the caller
@@ -43,11 +47,12 @@ wrote. Old events keep verifying the way they were written.
 - every Evidence row against the event that sealed it (format 2), or, written before
   format 2, its verdict against the reconciler's event; a row no event accounts for, or a
   sealed row that is gone, is a break;
-- every operation row's state, version, (format 2) external_id and (format 3) content
-  against its last event; every row that differs is reported (`Verification.differing`),
+- every operation row's state, version, (format 2) external_id and (format 3 and 4)
+  content against its last event; every row that differs is reported (`Verification.differing`),
   by operation id and what differs. An intent retention redacted (the operation's
   `redacted_at`, its marker, and the `Redaction` row recording it) is held to nothing
-  more: its digest is gone with it.
+  more: its digest is gone with it, as is its error detail's. The duplicate mark another
+  operation's success sets (a succeeded twin exists) is held to nothing more either.
 """
 
 from __future__ import annotations
@@ -69,8 +74,8 @@ from django.utils import timezone
 
 from ledger.canonical import REDACTED, canonical_json
 from ledger.chain_content import CURRENT_FORMAT as CURRENT_FORMAT
+from ledger.chain_content import DIGESTS, digest_sql
 from ledger.chain_content import content_sql as content_sql
-from ledger.chain_content import digest_sql
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 from ledger.states import ActorKind
 
@@ -882,12 +887,28 @@ def _check_evidence(book: _SealBook) -> Iterator[tuple[str, dict[str, int], Brea
 
 
 # An operation's content as verification holds it to its last event: the stored row's, but
-# for an intent retention redacted (its marker, redacted_at, and the Redaction row that
-# recorded it), whose digest is then the event's own (the intent is gone).
-_HELD_CONTENT = content_sql("o", intent=(
-    f"CASE WHEN o.redacted_at IS NOT NULL AND o.intent = '{canonical_json(REDACTED_PAYLOAD)}'"
-    "::jsonb AND EXISTS (SELECT 1 FROM ledger_redaction r WHERE r.operation_ref = "
-    "o.operation_id) THEN e.content->>'intent' ELSE " + _digest_sql("o.intent") + " END"))
+# what changes without an event of its own is held to what may change it. An intent and
+# error detail retention redacted (the intent's marker, redacted_at, and the Redaction row
+# that recorded it): their digests are then the event's own (the values are gone). The
+# duplicate mark of a succeeded operation with a succeeded twin (another operation's
+# success sets it): then the event's own conflict.
+_REDACTED = (f"o.redacted_at IS NOT NULL AND o.intent = '{canonical_json(REDACTED_PAYLOAD)}'"
+             "::jsonb AND EXISTS (SELECT 1 FROM ledger_redaction r WHERE r.operation_ref = "
+             "o.operation_id)")
+_HELD = {
+    "intent": f"CASE WHEN {_REDACTED} THEN e.content->>'intent' ELSE "
+              + _digest_sql("o.intent") + " END",
+    "error_detail": f"CASE WHEN {_REDACTED} AND o.error_detail = '' THEN "
+                    "e.content->>'error_detail' ELSE " + _digest_sql("o.error_detail") + " END",
+    "conflict": "CASE WHEN o.conflict = 'duplicate' AND o.state = 'succeeded' AND EXISTS ("
+                "SELECT 1 FROM ledger_operation twin WHERE twin.tenant = o.tenant AND "
+                "twin.operation = o.operation AND twin.intent_fingerprint = "
+                "o.intent_fingerprint AND twin.state = 'succeeded' AND twin.id <> o.id) "
+                "THEN e.content->>'conflict' ELSE o.conflict END",
+}
+_HELD_CONTENT = (f"CASE WHEN e.chain_format >= 4 THEN "
+                 f"{content_sql('o', chain_format=4, held=_HELD)} "
+                 f"ELSE {content_sql('o', chain_format=3, held=_HELD)} END")
 
 # Each operation against its last event: one pass, every mismatch per tenant.
 _LAST_EVENTS = f"""
@@ -905,6 +926,7 @@ _LAST_EVENTS = f"""
     )
     SELECT tenant, count(*), count(*) FILTER (WHERE chain_format < 2),
            count(*) FILTER (WHERE chain_format < 3),
+           count(*) FILTER (WHERE chain_format < 4),
            array_agg(id ORDER BY id) FILTER (WHERE differs)
       FROM last GROUP BY tenant ORDER BY tenant
 """
@@ -930,10 +952,12 @@ def _check_operations() -> Iterator[tuple[str, dict[str, int], list[Break]]]:
     with connection.cursor() as cursor:
         cursor.execute(_LAST_EVENTS)
         tenants = cursor.fetchall()
-        for tenant, operations, before_format_2, before_format_3, differing in tenants:
+        for (tenant, operations, before_format_2, before_format_3, before_format_4,
+             differing) in tenants:
             counts = {"operations_checked": operations,
                       "operations_external_id_unchecked": before_format_2,
                       "operations_content_unchecked": before_format_3,
+                      "operations_columns_unchecked": before_format_4,
                       "operations_differing": len(differing or ())}
             if not differing:
                 yield tenant, counts, []
@@ -974,7 +998,7 @@ def _differs(tenant, operation_ref, state, version, external_id, content, event_
 
 
 def _content_text(content: dict[str, Any], keys: list[str]) -> str:
-    digests = {"intent", "result"}
+    digests = DIGESTS
     return ", ".join(
         f"{key} " + (f"sha256 {content.get(key)}" if key in digests and content.get(key)
                      else repr(content.get(key)))

@@ -16,7 +16,7 @@ from ledger.models import ChainHead, OperationEvent
 from ledger.states import State
 from tests.conftest import TEST_LOGINS
 from tests.factories import OperationFactory, UserFactory, reconciler_lease
-from tests.ledger.test_verify_audit_tamper import verify_audit
+from tests.ledger.test_verify_audit_tamper import tamper, verify_audit
 from tests.support.chain import chain_columns_trigger
 from tests.support.processes import run_as
 
@@ -133,7 +133,8 @@ def test_one_tenants_forged_link_holds_no_other_tenant_and_verify_audit_names_it
     # A link at head + 1 the sealer did not write: its next seal of acme hits the unique
     # (tenant, chain_seq) and fails, every sweep.
     _forge_as_owner(_EVENT, [acme.pk, "acme", acme.version + 1, "submitted", "succeeded",
-                             "agent", None, None, head.seq + 1, "f" * 64, 3, None])
+                             "agent", None, None, head.seq + 1, "f" * 64,
+                             chain.CURRENT_FORMAT, None])
     waiting = OperationFactory(state=State.SUBMITTED, tenant="acme")
     later = OperationFactory(state=State.SUBMITTED, tenant="globex")
     zeta = OperationFactory(state=State.SUBMITTED, tenant="zeta")
@@ -169,3 +170,58 @@ def test_a_link_of_an_older_format_after_a_newer_one_is_a_break():
     assert (f"broken link in operation_events/default at seq {forged.chain_seq} (event_id "
             f"{forged.pk}, operation_id {op.operation_id}): the link's chain format went back "
             f"from {chain.CURRENT_FORMAT} to 1") in err, err
+
+
+# --- what the chain covers of an operation (issue 41, item 7) ---------------------------------
+
+# Each column of an operation, rewritten with every trigger off (column -> (SQL expression
+# of the new value, the name verify_audit reports)). Format 4's content covers them all
+# (and authentication_recorded, which a CHECK constraint holds false even for the owner).
+OPERATION_REWRITES = {
+    "operation": ("'payments.refund'", "operation"),
+    "tenant": ("'elsewhere'", "tenant"),
+    "run_id": ("{run}", "run"),
+    "relies_on": ("'[\"fact:forged\"]'::jsonb", "relies_on"),
+    "attempt": ("attempt + 4", "attempt"),
+    "created_at": ("created_at - interval '1 day'", "created_at"),
+    "submitted_at": ("COALESCE(submitted_at, now()) + interval '1 hour'", "submitted_at"),
+    "in_flight_until": ("COALESCE(in_flight_until, now()) + interval '1 hour'",
+                        "in_flight_until"),
+    "completed_at": ("COALESCE(completed_at, now()) + interval '1 hour'", "completed_at"),
+    "error_code": ("'forged'", "error_code"),
+    "error_detail": ("'the charge went through twice'", "error_detail"),
+    "conflict": ("'duplicate'", "conflict"),
+    "trace_id": ("'0123456789abcdef0123456789abcdef'", "trace_id"),
+    "span_id": ("'0123456789abcdef'", "span_id"),
+    "unknown_since": ("COALESCE(unknown_since, now()) + interval '1 hour'", "unknown_since"),
+    "next_attempt_at": ("COALESCE(next_attempt_at, now()) + interval '1 hour'",
+                        "next_attempt_at"),
+    "reconcile_attempts": ("reconcile_attempts + 3", "reconcile_attempts"),
+    "reconcile_failures": ("reconcile_failures + 3", "reconcile_failures"),
+    "reread_due_at": ("COALESCE(reread_due_at, now()) + interval '1 hour'", "reread_due_at"),
+    "result_unstorable": ("'forged'", "result_unstorable"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_rewrite_of_an_operation_column_is_reported_by_operation_and_column():
+    from tests.factories import RunFactory
+
+    ops = {column: OperationFactory(state=State.SUCCEEDED) for column in OPERATION_REWRITES}
+    run = RunFactory()
+    chain.seal()
+    assert chain.verify(actor="before").is_intact
+    tamper(*[(f"UPDATE ledger_operation SET {column} = {value.format(run=run.pk)} "
+              "WHERE id = %s", [ops[column].pk])
+             for column, (value, _) in OPERATION_REWRITES.items()])
+    status, out, err = verify_audit()
+    assert status == 1 and "Traceback" not in err, (out, err)
+    lines = {line.split(" ")[1]: line for line in err.splitlines()
+             if line.startswith("operation ")}
+    missed = []
+    for column, (_, name) in OPERATION_REWRITES.items():
+        line = lines.get(ops[column].operation_id, "")
+        if f"the operation row differs from its last event in {name}: it was changed out " \
+                "of band" not in line:
+            missed.append((column, line or "not reported"))
+    assert not missed, (missed, err)

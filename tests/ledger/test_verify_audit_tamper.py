@@ -319,7 +319,7 @@ def test_a_format_3_link_covers_its_content_and_format_2_events_verify_as_writte
                .values_list("chain_format", "content")) == {(2, None)}
     last = OperationEvent.objects.filter(operation=new).order_by("-version").first()
     assert (last.chain_format, last.content["key"], last.content["target"]) == (
-        3, new.idempotency_key, new.target)
+        chain.CURRENT_FORMAT, new.idempotency_key, new.target)
     result = chain.verify(actor="test")
     assert result.is_intact, result.first_break
     assert result.record.heads[0]["operations_content_unchecked"] == 1

@@ -21,13 +21,16 @@ class Command(BaseCommand):
         "verification recorded and against --expect-head (the newest links removed and the "
         "head rewound), every Evidence row against the seal its event carries (rewritten, "
         "removed or inserted), and every operation's state, version, external_id and content "
-        "(target, intent, fingerprint, key, retry policy, result) against its last event "
+        "(target, intent, fingerprint, key, retry policy, result; from format 4 every other "
+        "column) against its last event "
         "(changed without one), listing every operation row that differs. Exit non-zero "
         "naming the first break if any row was altered, removed or inserted out of band. "
         "Events written before chain format 2 do not cover external_id or evidence payloads "
         "(their evidence is checked by verdict only), nor before format 3 the content. It "
         "first seals what is committed and unsealed (the sealer's work; --no-seal: not), and "
-        "reports events still unsealed as the chain's unsealed tail."
+        "reports events still unsealed as the chain's unsealed tail. The chains are also held "
+        "to the signed checkpoints (--public-key, or LEDGER_AUDIT_SIGNING_KEY's key); "
+        "--bundle verifies an audit_export bundle without the database."
     )
 
     def add_arguments(self, parser):
