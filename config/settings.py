@@ -285,6 +285,8 @@ LEDGER_HEALTH_RECONCILE_BACKLOG_SECONDS = int(
 )
 # /healthz warns when the oldest committed event has waited longer for the sealer.
 LEDGER_HEALTH_SEAL_LAG_SECONDS = float(os.environ.get("LEDGER_HEALTH_SEAL_LAG_SECONDS", 30))
+# The Ed25519 key manage.py audit_export signs checkpoints and bundles with (ledger/conf.py).
+LEDGER_AUDIT_SIGNING_KEY = os.environ.get("LEDGER_AUDIT_SIGNING_KEY", "")
 
 # The ledger's settings (ledger/conf.py lists each with its default); the project sets only
 # these. Each may also come from an environment variable of the same name.

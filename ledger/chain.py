@@ -29,11 +29,15 @@ What an operation event's link covers has a format (`OperationEvent.chain_format
 format 1 the transition alone; format 2 also the operation's `external_id` after the move,
 the deciding user of a person's event (`decided_by`) and the seal of the `Evidence` row the
 reconciler wrote with it (`evidence_seal`: the row's digest, so the row itself cannot be
-rewritten unseen; retention's redaction of its payloads is accounted for); format 3
-(`CURRENT_FORMAT`, every event written since) also the operation's identity and content as
-of the event (`content`: target, the digests of its intent and result, fingerprint, key,
-retry policy; `content_sql`), computed by PostgreSQL from the row the event's own statement
-wrote. Old events keep verifying the way they were written.
+rewritten unseen; retention's redaction of its payloads is accounted for); format 3 also
+the operation's identity and content as of the event (`content`: target, the digests of its
+intent and result, fingerprint, key, retry policy); format 4 (`CURRENT_FORMAT`, every event
+written since migration 0043) every other column of the operation in `content` too
+(`ledger.chain_content.FORMAT_4_COLUMNS`: name, tenant, run, step, relies_on, attempt,
+its times, error code and detail, conflict, trace and span ids, ...). PostgreSQL sets an
+event's format and computes its content from the row the event's own statement wrote
+(trigger `event_chain_columns`), whatever the writer sent. Old events keep verifying the
+way they were written; a link of an older format after a newer one is a break.
 
 `verify` checks, besides every link:
 - the chain heads recorded by earlier intact verifications, and any heads the caller
@@ -43,17 +47,19 @@ wrote. Old events keep verifying the way they were written.
 - every Evidence row against the event that sealed it (format 2), or, written before
   format 2, its verdict against the reconciler's event; a row no event accounts for, or a
   sealed row that is gone, is a break;
-- every operation row's state, version, (format 2) external_id and (format 3) content
-  against its last event; every row that differs is reported (`Verification.differing`),
+- every operation row's state, version, (format 2) external_id and (format 3 and 4)
+  content against its last event; every row that differs is reported (`Verification.differing`),
   by operation id and what differs. An intent retention redacted (the operation's
   `redacted_at`, its marker, and the `Redaction` row recording it) is held to nothing
-  more: its digest is gone with it.
+  more: its digest is gone with it, as is its error detail's. The duplicate mark another
+  operation's success sets (a succeeded twin exists) is held to nothing more either.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,38 +68,26 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from ledger.canonical import REDACTED, canonical_json
+from ledger.chain_content import CURRENT_FORMAT as CURRENT_FORMAT
+from ledger.chain_content import DIGESTS, digest_sql
+from ledger.chain_content import content_sql as content_sql
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 from ledger.states import ActorKind
 
+logger = logging.getLogger("ledger.chain")
+
 GENESIS = "0" * 64
-# The format every operation event is written in now (see the module's docstring).
-CURRENT_FORMAT = 3
+# CURRENT_FORMAT, the format every operation event is written in now, and content_sql,
+# what its link covers of its operation: PostgreSQL sets both on every event
+# (ledger.chain_content); re-exported here.
+_digest_sql = digest_sql
 
-
-def _digest_sql(value: str) -> str:
-    """The SQL of the sha256 (hex) of `value`'s text (jsonb's own text form); NULL stays NULL."""
-    return f"encode(sha256(convert_to(({value})::text, 'UTF8')), 'hex')"
-
-
-def content_sql(row: str, *, intent: str | None = None) -> str:
-    """The SQL of what a format 3 link covers of the operation `row` (a table alias or CTE
-    name with the operation's columns): its target, key, retry policy, fingerprint and the
-    digests of its intent and result, as a jsonb object. The statements of
-    `ledger.transitions` store it on the event from the row they wrote; verification
-    computes it again from the stored row (`intent`: another expression for the intent's
-    digest, for a redacted one)."""
-    return (f"jsonb_build_object('target', {row}.target, 'intent', "
-            f"{intent or _digest_sql(f'{row}.intent')}, 'fingerprint', "
-            f"{row}.intent_fingerprint, 'key', {row}.idempotency_key, 'retry_policy', "
-            f"{row}.retry_policy, 'result', {_digest_sql(f'{row}.result')})")
-
-
-# The columns `content_sql` reads: every statement writing an event returns them.
+# The columns `content_sql` reads (the statements of ledger.transitions return them).
 CONTENT_COLUMNS = ("target", "intent", "intent_fingerprint", "idempotency_key", "retry_policy",
                    "result")
 
@@ -194,20 +188,28 @@ def seal_lock_name(tenant: str) -> str:
 def seal(*, tenant: str | None = None, limit: int = SEAL_BATCH) -> int:
     """Link every committed, unsealed operation event into its tenant's chain; the count.
 
-    Per tenant, batches of `limit` events in id order, each in its own transaction (a crash
-    mid-batch leaves that batch unsealed, the earlier ones sealed, the chain intact). A
-    tenant another sealer is working on is skipped. Call outside a transaction to see what
-    other sessions committed meanwhile.
+    Per tenant, batches of `limit` events in id order, each in its own transaction (a
+    savepoint inside a caller's): a crash mid-batch leaves that batch unsealed, the earlier
+    ones sealed, the chain intact. Each tenant is sealed in isolation: a tenant whose batch
+    fails (say a link PostgreSQL refuses) is logged and left for the next sweep, and the
+    other tenants are sealed all the same. A tenant another sealer is working on is
+    skipped. Call outside a transaction to see what other sessions committed meanwhile.
     """
     if limit < 1:
         raise ValueError(f"expected a batch limit of at least 1, found {limit}")
     sealed = 0
     for name in [tenant] if tenant is not None else _unsealed_tenants():
-        while True:
-            count = _seal_batch(name, limit)
-            sealed += count
-            if count < limit:
-                break
+        try:
+            while True:
+                count = _seal_batch(name, limit)
+                sealed += count
+                if count < limit:
+                    break
+        except Exception as exc:  # one tenant's failure never holds another's
+            logger.error("sealing tenant %r failed; its unsealed events wait for the next "
+                         "sweep, the other tenants are sealed: %s: %s", name,
+                         type(exc).__name__, str(exc).strip(),
+                         exc_info=not isinstance(exc, DatabaseError))
     return sealed
 
 
@@ -226,12 +228,18 @@ def _unsealed_tenants() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def _lock_tenant(tenant: str) -> bool:
+    """Take the sealer's lock of `tenant` for the transaction, without waiting; whether it
+    was taken (another sealer holds it: skip the tenant). The one place the lock is taken."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ledger_worker_lock(%s)", [seal_lock_name(tenant)])
+        return cursor.fetchone()[0]
+
+
 def _seal_batch(tenant: str, limit: int) -> int:
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT ledger_worker_lock(%s)", [seal_lock_name(tenant)])
-            if not cursor.fetchone()[0]:
-                return 0
+        if not _lock_tenant(tenant):
+            return 0
         head = (ChainHead.objects.filter(chain=OPERATION_EVENTS.name, tenant=tenant)
                 .values_list("seq", "hash").first()) or (0, GENESIS)
         rows = list(_event_rows().filter(tenant=tenant, chain_seq__isnull=True)
@@ -291,6 +299,8 @@ class ChainSpec:
     describe: Callable[[Model], dict[str, Any]]  # ids that name a broken link
     seq_field: str = "chain_seq"
     hash_field: str = "chain_hash"
+    # A format that only grows along the chain (what each link covers), if the chain has one.
+    format_field: str | None = None
 
 
 CHAINS: dict[str, ChainSpec] = {}
@@ -401,6 +411,7 @@ OPERATION_EVENTS = register(
         rows=_event_rows,
         payload=operation_event_payload,
         describe=lambda event: {"event_id": event.pk, "operation_id": event.operation_ref},
+        format_field="chain_format",
     )
 )
 
@@ -483,6 +494,7 @@ def verify(
     progress: Callable[[str], None] | None = None,
     expected_heads: dict[tuple[str, str], Checkpoint] | None = None,
     seal_first: bool = True,
+    signed_heads: dict[tuple[str, str], list[Checkpoint]] | None = None,
 ) -> Verification:
     """Walk every chain of every tenant; record and return the first break, if any.
 
@@ -496,8 +508,9 @@ def verify(
     event nor an anchor before it, or when the chain head is not the last link. A chain is
     truncated or rewritten when it no longer extends a head an earlier intact verification
     recorded, or one of `expected_heads` ((chain, tenant) -> Checkpoint, e.g. from
-    `read_heads`). Then every Evidence row and every operation row is checked against its
-    events (see the module's docstring). Never changes a chained row.
+    `read_heads`), or one of `signed_heads` (the signed checkpoints,
+    `ledger.audit_bundle.stored_checkpoints`). Then every Evidence row and every operation
+    row is checked against its events (see the module's docstring). Never changes a chained row.
     """
     started = timezone.now()
     if seal_first:
@@ -514,6 +527,7 @@ def verify(
                 continue
             key = (head.chain, head.tenant)
             checkpoints = [cp for cp in (recorded.get(key), expected.get(key)) if cp is not None]
+            checkpoints += (signed_heads or {}).get(key, [])
             visit = book.visit if spec is OPERATION_EVENTS else None
             count, found = _verify_one(spec, head, checkpoints, visit)
             heads[key] = {"chain": head.chain, "tenant": head.tenant, "seq": head.seq,
@@ -523,10 +537,12 @@ def verify(
             if progress:
                 progress(f"{head.chain}/{head.tenant}: {count} links, "
                          f"{'intact' if found is None else 'BROKEN'}")
-        for key in sorted({*recorded, *expected} - heads.keys()):
+        signed = {key: max(held, key=lambda cp: cp.seq)
+                  for key, held in (signed_heads or {}).items() if held}
+        for key in sorted({*recorded, *expected, *signed} - heads.keys()):
             if key[0] not in CHAINS:
                 continue
-            checkpoint = expected.get(key) or recorded[key]
+            checkpoint = expected.get(key) or signed.get(key) or recorded[key]
             heads[key] = {"chain": key[0], "tenant": key[1], "seq": 0, "hash": "",
                           "links_checked": 0}
             breaks.setdefault(key, Break(
@@ -598,9 +614,24 @@ def _verify_one(
         due.setdefault(checkpoint.seq, []).append(checkpoint)
     prev_seq, prev_hash = 0, GENESIS
     checked = 0
+    latest_format = 0
     for row in _rows_in_order(spec, head.tenant):
         seq, stored = getattr(row, spec.seq_field), getattr(row, spec.hash_field)
         checked += 1
+        if spec.format_field is not None:
+            row_format = getattr(row, spec.format_field)
+            if row_format < latest_format:
+                # PostgreSQL writes every event in the current format: an older one after a
+                # newer one was written or rewritten out of band, to cover less.
+                return checked, Break(
+                    spec.name, head.tenant, seq, expected=f"chain format {latest_format} "
+                    "or later", found=f"chain format {row_format}",
+                    message=f"the link's chain format went back from {latest_format} to "
+                            f"{row_format}: it was written or rewritten out of band to cover "
+                            "less than the links before it",
+                    ids=spec.describe(row),
+                )
+            latest_format = row_format
         if seq != prev_seq + 1:
             if seq - 1 not in anchors:
                 return checked, Break(
@@ -859,12 +890,28 @@ def _check_evidence(book: _SealBook) -> Iterator[tuple[str, dict[str, int], Brea
 
 
 # An operation's content as verification holds it to its last event: the stored row's, but
-# for an intent retention redacted (its marker, redacted_at, and the Redaction row that
-# recorded it), whose digest is then the event's own (the intent is gone).
-_HELD_CONTENT = content_sql("o", intent=(
-    f"CASE WHEN o.redacted_at IS NOT NULL AND o.intent = '{canonical_json(REDACTED_PAYLOAD)}'"
-    "::jsonb AND EXISTS (SELECT 1 FROM ledger_redaction r WHERE r.operation_ref = "
-    "o.operation_id) THEN e.content->>'intent' ELSE " + _digest_sql("o.intent") + " END"))
+# what changes without an event of its own is held to what may change it. An intent and
+# error detail retention redacted (the intent's marker, redacted_at, and the Redaction row
+# that recorded it): their digests are then the event's own (the values are gone). The
+# duplicate mark of a succeeded operation with a succeeded twin (another operation's
+# success sets it): then the event's own conflict.
+_REDACTED = (f"o.redacted_at IS NOT NULL AND o.intent = '{canonical_json(REDACTED_PAYLOAD)}'"
+             "::jsonb AND EXISTS (SELECT 1 FROM ledger_redaction r WHERE r.operation_ref = "
+             "o.operation_id)")
+_HELD = {
+    "intent": f"CASE WHEN {_REDACTED} THEN e.content->>'intent' ELSE "
+              + _digest_sql("o.intent") + " END",
+    "error_detail": f"CASE WHEN {_REDACTED} AND o.error_detail = '' THEN "
+                    "e.content->>'error_detail' ELSE " + _digest_sql("o.error_detail") + " END",
+    "conflict": "CASE WHEN o.conflict = 'duplicate' AND o.state = 'succeeded' AND EXISTS ("
+                "SELECT 1 FROM ledger_operation twin WHERE twin.tenant = o.tenant AND "
+                "twin.operation = o.operation AND twin.intent_fingerprint = "
+                "o.intent_fingerprint AND twin.state = 'succeeded' AND twin.id <> o.id) "
+                "THEN e.content->>'conflict' ELSE o.conflict END",
+}
+_HELD_CONTENT = (f"CASE WHEN e.chain_format >= 4 THEN "
+                 f"{content_sql('o', chain_format=4, held=_HELD)} "
+                 f"ELSE {content_sql('o', chain_format=3, held=_HELD)} END")
 
 # Each operation against its last event: one pass, every mismatch per tenant.
 _LAST_EVENTS = f"""
@@ -882,6 +929,7 @@ _LAST_EVENTS = f"""
     )
     SELECT tenant, count(*), count(*) FILTER (WHERE chain_format < 2),
            count(*) FILTER (WHERE chain_format < 3),
+           count(*) FILTER (WHERE chain_format < 4),
            array_agg(id ORDER BY id) FILTER (WHERE differs)
       FROM last GROUP BY tenant ORDER BY tenant
 """
@@ -907,10 +955,12 @@ def _check_operations() -> Iterator[tuple[str, dict[str, int], list[Break]]]:
     with connection.cursor() as cursor:
         cursor.execute(_LAST_EVENTS)
         tenants = cursor.fetchall()
-        for tenant, operations, before_format_2, before_format_3, differing in tenants:
+        for (tenant, operations, before_format_2, before_format_3, before_format_4,
+             differing) in tenants:
             counts = {"operations_checked": operations,
                       "operations_external_id_unchecked": before_format_2,
                       "operations_content_unchecked": before_format_3,
+                      "operations_columns_unchecked": before_format_4,
                       "operations_differing": len(differing or ())}
             if not differing:
                 yield tenant, counts, []
@@ -951,7 +1001,7 @@ def _differs(tenant, operation_ref, state, version, external_id, content, event_
 
 
 def _content_text(content: dict[str, Any], keys: list[str]) -> str:
-    digests = {"intent", "result"}
+    digests = DIGESTS
     return ", ".join(
         f"{key} " + (f"sha256 {content.get(key)}" if key in digests and content.get(key)
                      else repr(content.get(key)))

@@ -143,6 +143,15 @@ SETTINGS: dict[str, Setting] = {
         "The bearer token /metrics asks for (`Authorization: Bearer <token>`); while empty, "
         "/metrics answers 404, because its labels name tenants.",
     ),
+    # The audit trail's signed checkpoints and bundles (ledger.audit_bundle).
+    "AUDIT_SIGNING_KEY": Setting(
+        "", "secret (empty: off)",
+        "The Ed25519 private key `manage.py audit_export` signs each tenant's chain head and "
+        "the bundle with: PEM (PKCS#8) or the 32-byte seed as 64 hex digits. Keep it from "
+        "the database's owner; `verify_audit --bundle FILE --public-key KEY` needs only the "
+        "public key. config/settings.py fills it from the environment variable "
+        "LEDGER_AUDIT_SIGNING_KEY. Empty: no export, no signed checkpoints.",
+    ),
     # The desk behind reverse proxies (review.security).
     "TRUSTED_PROXY_COUNT": Setting(
         0, "whole number",

@@ -72,6 +72,9 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     # written only by ledger_retention_purge / ledger_retention_redact
     "ledger_chainanchor": {},
     "ledger_redaction": {},
+    # signed chain heads: written by manage.py audit_export, which holds the signing key and
+    # runs as the tables' owner (ledger.audit_bundle)
+    "ledger_auditcheckpoint": {},
     # the chains' heads: the upsert of ledger.chain (people's decisions on facts); the
     # operation events' heads move in ledger_seal_events
     "ledger_chainhead": {DESK: "INSERT, UPDATE (seq, hash)"},

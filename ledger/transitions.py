@@ -47,8 +47,8 @@ every change again (`ledger.models.operations`: the transition trigger generated
 `ledger.states`, the event each change must carry, written by the same statement, each
 column held to the moves that change it, and the event's own checks: a human-only move
 names its deciding user, an agent's change of a leased run's operation carries the lease's
-current token). The event's `content` (chain format 3) is computed there too, from the row
-the statement wrote.
+current token). The event's `chain_format` and `content` are set there too (its trigger
+`event_chain_columns`), from the row the statement wrote.
 
 These statements run on every receipt, so they are bound on the server and prepared
 (`ledger.prepared`): PostgreSQL plans each shape once per connection.
@@ -668,10 +668,10 @@ def _event(
     external_id: str = "",
     evidence_row: Evidence | None = None,
 ) -> dict[str, Any]:
-    """The event's parameters of the statements below, in `chain.CURRENT_FORMAT`: with the
-    operation's `external_id` after the move (which the statement also sets on the row)
-    and the seal of `evidence_row`, which its chain link will cover. The event's `content`
-    (format 3) the statement computes from the row it wrote (`chain.content_sql`).
+    """The event's parameters of the statements below: with the operation's `external_id`
+    after the move (which the statement also sets on the row) and the seal of
+    `evidence_row`, which its chain link will cover. The event's `chain_format` and
+    `content` PostgreSQL sets, from the row the statement wrote (ledger.chain_content).
 
     Evidence and reasons are agent- or person-written: secrets are masked before storage.
     """
@@ -690,7 +690,7 @@ def _event(
         "actor_kind": actor_kind, "actor_id": actor_id, "reason": reason,
         "evidence": _EVIDENCE.get_db_prep_save(evidence, connection),
         "fencing_token": fencing_token, "decided_by": decided_by, "now": now,
-        "chain_format": chain.CURRENT_FORMAT, "event_external_id": external_id,
+        "event_external_id": external_id,
         "evidence_seal": _SEAL.get_db_prep_save(seal, connection),
     }
 
@@ -726,21 +726,19 @@ def _compact(sql: str) -> str:
 # event recording the change, for each row of `changed`. It is written unsealed: the sealer
 # links committed events into their tenant's chain within moments (ledger.chain.seal), so
 # writers of one tenant never wait for each other's commits.
-_EVENT = f"""event AS (
+_EVENT = """event AS (
     INSERT INTO ledger_operationevent
            (operation_id, tenant, version, from_state, to_state, actor_kind, actor_id, reason,
-            evidence, fencing_token, decided_by_id, created_at, chain_format, external_id,
-            evidence_seal, content)
+            evidence, fencing_token, decided_by_id, created_at, external_id, evidence_seal)
     SELECT changed.id, changed.tenant, %(to_version)s, %(from_state)s, %(to_state)s,
            %(actor_kind)s, %(actor_id)s, %(reason)s, %(evidence)s, %(fencing_token)s,
-           %(decided_by)s, %(now)s, %(chain_format)s, %(event_external_id)s,
-           %(evidence_seal)s,
-           CASE WHEN %(chain_format)s >= 3 THEN {chain.content_sql("changed")} END
+           %(decided_by)s, %(now)s, %(event_external_id)s, %(evidence_seal)s
       FROM changed
     RETURNING operation_id
 )
 """
-# What every `changed` CTE returns besides: the columns the event's content is made of.
+# What every `changed` CTE returns besides: the columns the event's content is made of
+# (the event's trigger reads them from the row itself; callers read them here).
 _CONTENT = ", ".join(chain.CONTENT_COLUMNS)
 
 # One change of an operation, as one statement, so that its parts cannot come apart:

@@ -52,7 +52,7 @@ GOVERNED_ONLY = _PREVIOUS.PURGE_REFERRING_FIRST.replace(_AGE_CHECK, _GOVERNED + 
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("ledger", "0042_lease_functions_approval_guard_worker_locks"),
+        ("ledger", "0043_chain_columns_postgres_only"),
     ]
 
     operations = [

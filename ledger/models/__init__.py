@@ -8,7 +8,7 @@ from ledger.models.approvals import (
     ApprovalRequest,
     ResolutionProposal,
 )
-from ledger.models.chain import AuditVerification, ChainAnchor, ChainHead
+from ledger.models.chain import AuditCheckpoint, AuditVerification, ChainAnchor, ChainHead
 from ledger.models.coordination import (
     Lease,
     Run,
@@ -53,6 +53,7 @@ __all__ = [
     "ApprovalPolicy",
     "ApprovalPolicyChange",
     "ApprovalRequest",
+    "AuditCheckpoint",
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",

@@ -78,3 +78,30 @@ class AuditVerification(models.Model):
     def __str__(self):
         verdict = "intact" if self.is_intact else "BROKEN"
         return f"verified {self.finished_at:%Y-%m-%d %H:%M}: {verdict}"
+
+
+class AuditCheckpoint(models.Model):
+    """A chain head signed with the ledger's audit key (Ed25519, `LEDGER_AUDIT_SIGNING_KEY`):
+    `manage.py audit_export` signs each tenant's head and keeps the signature here, and
+    every later export and verification holds the chain to it (ledger.audit_bundle). The
+    database's owner may delete a row, but cannot sign another: a chain re-linked or cut
+    back behind a checkpoint that remains is a break. Append-only."""
+
+    chain = models.CharField(max_length=40)
+    tenant = models.CharField(max_length=100)
+    seq = models.BigIntegerField()
+    hash = models.CharField(max_length=64)
+    signed_at = models.DateTimeField()
+    # The first 16 hex digits of the sha256 of the raw public key that verifies it.
+    key_id = models.CharField(max_length=16)
+    signature = models.CharField(max_length=128)  # hex of the 64-byte Ed25519 signature
+
+    class Meta:
+        ordering = ["chain", "tenant", "seq", "id"]
+        triggers = [
+            Protect(name="audit_checkpoint_append_only",
+                    operation=pgtrigger.Update | pgtrigger.Delete),
+        ]
+
+    def __str__(self):
+        return f"checkpoint {self.chain}/{self.tenant} at {self.seq} ({self.signed_at:%Y-%m-%d})"

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import MD5
 
+from ledger.chain_content import EVENT_CHAIN_COLUMNS_SQL
 from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
 from ledger.models.coordination import RUN_LEASE
 from ledger.models.triggers import FENCE_HINT, SANCTIONED, SEALING, Protect, Trigger
@@ -722,7 +723,8 @@ class OperationEvent(models.Model):
     evidence_seal = models.JSONField(null=True, blank=True)
     # Format 3: the operation's identity and content as of this event (target, digests of
     # its intent and result, fingerprint, key, retry policy), computed by PostgreSQL from
-    # the row the same statement wrote (ledger.chain.content_sql); the link covers it.
+    # the row the same statement wrote (ledger.chain_content: the trigger
+    # `event_chain_columns` sets it and chain_format, whatever the writer sent).
     content = models.JSONField(null=True, blank=True)
 
     class Meta:
@@ -767,6 +769,14 @@ class OperationEvent(models.Model):
                 operation=pgtrigger.Update,
                 when=pgtrigger.Before,
                 func=_EVENT_SEALED_ONCE,
+            ),
+            # The chain's columns are PostgreSQL's: chain_format and content set here,
+            # whatever the writer sent; a link (chain_seq, chain_hash) refused.
+            Trigger(
+                name="event_chain_columns",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                func=EVENT_CHAIN_COLUMNS_SQL,
             ),
             Trigger(
                 name="event_human_decision_check",

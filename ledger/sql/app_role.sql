@@ -71,6 +71,8 @@ DECLARE
         -- written only by ledger_retention_purge / ledger_retention_redact
         'ledger_chainanchor', '',
         'ledger_redaction', '',
+        -- signed chain heads: manage.py audit_export, as the tables' owner
+        'ledger_auditcheckpoint', '',
         -- the chains' heads: the upsert of ledger.chain (human decisions on facts); the
         -- operation events' heads move in ledger_seal_events
         'ledger_chainhead', 'INSERT, UPDATE (seq, hash)',

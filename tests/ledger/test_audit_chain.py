@@ -336,7 +336,7 @@ AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentioncha
                 "ledger_episode", "ledger_tenantaccesschange", "ledger_agentkeychange",
                 "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal",
                 "ledger_operationnote", "ledger_notificationchannelchange",
-                "ledger_deliveryattempt"]
+                "ledger_deliveryattempt", "ledger_auditcheckpoint"]
 
 
 def test_the_role_script_covers_every_append_only_table():

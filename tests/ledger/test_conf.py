@@ -34,6 +34,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "HEALTH_RECONCILE_BACKLOG_SECONDS": 300,
         "HEALTH_SEAL_LAG_SECONDS": 30,
         "METRICS_TOKEN": "",
+        "AUDIT_SIGNING_KEY": "",
         "TRUSTED_PROXY_COUNT": 0,
     }
     assert check_settings() == []

@@ -293,7 +293,8 @@ def raw_move(op, *, to_state, actor_kind=ActorKind.AGENT, fencing_token=None,
              decided_by=None, from_state=None):
     """The row's move and its event in one raw statement, as a process that bypasses the
     ledger would write them (PostgreSQL wants the event in the statement that changes the
-    row: operation_event_in_statement). `from_state`: what the event claims it left."""
+    row: operation_event_in_statement), unsealed (a link set by the writer is refused:
+    event_chain_columns). `from_state`: what the event claims it left."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -302,9 +303,8 @@ def raw_move(op, *, to_state, actor_kind=ActorKind.AGENT, fencing_token=None,
                  WHERE id = %s RETURNING id, tenant, version)
             INSERT INTO ledger_operationevent
                    (operation_id, tenant, version, from_state, to_state, actor_kind, actor_id,
-                    reason, fencing_token, decided_by_id, created_at, chain_seq, chain_hash)
-            SELECT id, tenant, version, %s, %s, %s, 'raw', 'raw sql', %s, %s, now(),
-                   1000000 + version, repeat('0', 64)
+                    reason, fencing_token, decided_by_id, created_at)
+            SELECT id, tenant, version, %s, %s, %s, 'raw', 'raw sql', %s, %s, now()
               FROM changed
             """,
             [to_state, op.pk, from_state or op.state, to_state, actor_kind, fencing_token,

@@ -201,7 +201,9 @@ def test_a_half_sealed_event_is_refused():
         "to_state, actor_kind, actor_id, reason, created_at, chain_seq) "
         "VALUES (%s, 'default', 2, 'planned', 'abandoned', 'agent', '', '', now(), 7)",
         [event.operation_id]))
-    assert error.__cause__.sqlstate == "23514" and "event_sealed_whole" in str(error)
+    # Refused before the constraint event_sealed_whole: no event is written linked at all.
+    assert error.__cause__.sqlstate == "42501", error
+    assert "expected it written unsealed" in str(error) and "found chain_seq 7" in str(error)
 
 
 @pytest.mark.django_db

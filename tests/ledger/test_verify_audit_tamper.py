@@ -12,6 +12,7 @@ from ledger import chain, reconcile, retention, transitions
 from ledger.models import AuditVerification, ChainHead, Evidence, Operation, OperationEvent
 from ledger.states import State
 from tests.factories import OperationFactory, add_evidence, reconciler_lease
+from tests.support.chain import written_in_format
 from tests.support.processes import spawn
 from tests.support.retention import complete_days_ago, raw_connection, retention_admin
 
@@ -310,16 +311,15 @@ def test_each_rewrite_of_what_a_receipt_says_is_reported_by_operation_and_field(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_format_3_link_covers_its_content_and_format_2_events_verify_as_written(monkeypatch):
-    monkeypatch.setattr(chain, "CURRENT_FORMAT", 2)
-    old = OperationFactory(state=State.SUCCEEDED)
-    monkeypatch.undo()
+def test_a_format_3_link_covers_its_content_and_format_2_events_verify_as_written():
+    with written_in_format(2):
+        old = OperationFactory(state=State.SUCCEEDED)
     new = OperationFactory(state=State.SUCCEEDED)
     assert set(OperationEvent.objects.filter(operation=old)
                .values_list("chain_format", "content")) == {(2, None)}
     last = OperationEvent.objects.filter(operation=new).order_by("-version").first()
     assert (last.chain_format, last.content["key"], last.content["target"]) == (
-        3, new.idempotency_key, new.target)
+        chain.CURRENT_FORMAT, new.idempotency_key, new.target)
     result = chain.verify(actor="test")
     assert result.is_intact, result.first_break
     assert result.record.heads[0]["operations_content_unchecked"] == 1
@@ -340,17 +340,16 @@ def test_a_format_3_link_covers_its_content_and_format_2_events_verify_as_writte
 
 
 @pytest.mark.django_db(transaction=True)
-def test_events_and_evidence_written_before_format_2_verify_the_old_way(monkeypatch):
-    monkeypatch.setattr(chain, "CURRENT_FORMAT", 1)
-    old = OperationFactory(state=State.RECONCILING)
-    row = Evidence.objects.create(operation=old, reconciler="r", verdict="found",
-                                  matched_by="fingerprint", created_at=old.created_at)
-    transitions._apply(old, State.SUCCEEDED, actor_kind="reconciler", actor_id="w",
-                       fencing_token=reconciler_lease(old, "w"),
-                       reason="found", changes={"external_id": "a-1"},
-                       evidence={"verdict": "found", "reconciler": "r",
-                                 "matched_by": "fingerprint"})
-    monkeypatch.undo()
+def test_events_and_evidence_written_before_format_2_verify_the_old_way():
+    with written_in_format(1):
+        old = OperationFactory(state=State.RECONCILING)
+        row = Evidence.objects.create(operation=old, reconciler="r", verdict="found",
+                                      matched_by="fingerprint", created_at=old.created_at)
+        transitions._apply(old, State.SUCCEEDED, actor_kind="reconciler", actor_id="w",
+                           fencing_token=reconciler_lease(old, "w"),
+                           reason="found", changes={"external_id": "a-1"},
+                           evidence={"verdict": "found", "reconciler": "r",
+                                     "matched_by": "fingerprint"})
     assert set(OperationEvent.objects.filter(operation=old)
                .values_list("chain_format", flat=True)) == {1}
     new = reconciled(3)

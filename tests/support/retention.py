@@ -8,6 +8,7 @@ import psycopg
 from django.db import connection
 from django.utils import timezone
 
+from ledger.chain_content import time_sql
 from tests.factories import UserFactory
 
 
@@ -16,6 +17,9 @@ def complete_days_ago(op, days: float, *, now=None) -> None:
     a settled receipt is frozen (`operation_unchanged_when_terminal`), so the UPDATE runs
     with the triggers off (`session_replication_role = replica`). Done even for a
     non-terminal operation, to show that age alone never makes one purgeable.
+
+    Its last event, when not sealed yet, is aged with it (what format 4 covers); a sealed
+    one is not (that would be a rewrite verify_audit reports).
 
     Also fires the deferred "every change has its event" checks of the writes so far: a
     non-transactional test never commits, and a purge deletes the events those checks
@@ -26,6 +30,14 @@ def complete_days_ago(op, days: float, *, now=None) -> None:
         cursor.execute("SET session_replication_role = replica")
         cursor.execute("UPDATE ledger_operation SET completed_at = %s WHERE id = %s",
                        [when, op.pk])
+        # As if it had completed then: its last event, if not sealed yet, says so too (the
+        # chain covers completed_at from format 4: ledger.chain_content).
+        cursor.execute(
+            "UPDATE ledger_operationevent e SET content = jsonb_set(e.content, "
+            f"'{{completed_at}}', to_jsonb({time_sql('o.completed_at')})) "
+            "FROM ledger_operation o WHERE o.id = %s AND e.operation_id = o.id "
+            "AND e.version = o.version AND e.chain_seq IS NULL AND e.content ? 'completed_at'",
+            [op.pk])
         cursor.execute("RESET session_replication_role")
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute("SET CONSTRAINTS ALL DEFERRED")

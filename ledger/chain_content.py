@@ -1,0 +1,101 @@
+"""What an operation event's chain link covers of its operation, as SQL PostgreSQL runs.
+
+An event's `chain_format` and `content` are PostgreSQL's alone: the event's BEFORE INSERT
+trigger `event_chain_columns` (ledger.models.operations) sets `chain_format` to
+`CURRENT_FORMAT` and computes `content` from the operation row the event's own statement
+wrote, whatever the writer sent, and refuses an event written already linked
+(`chain_seq`, `chain_hash`: the sealer's, `ledger_seal_events`). Verification
+(`ledger.chain`) computes the same content again from the stored row, in the format of the
+operation's last event.
+
+Here, not in `ledger.chain`, because the models' trigger is built from it and
+`ledger.chain` imports the models.
+"""
+
+from __future__ import annotations
+
+# The format every operation event is written in now (ledger.chain's docstring lists them).
+CURRENT_FORMAT = 4
+
+# Format 4's content beyond format 3's: (key, operation column, how it is held). "text":
+# the value itself; "digest": the sha256 of its text (long or structured values);
+# "time": the instant in UTC, whatever the session's time zone.
+FORMAT_4_COLUMNS = (
+    ("operation", "operation", "text"),
+    ("tenant", "tenant", "text"),
+    ("run", "run_id", "text"),
+    ("step", "step_id", "text"),
+    ("relies_on", "relies_on", "digest"),
+    ("attempt", "attempt", "text"),
+    ("created_at", "created_at", "time"),
+    ("submitted_at", "submitted_at", "time"),
+    ("in_flight_until", "in_flight_until", "time"),
+    ("completed_at", "completed_at", "time"),
+    ("error_code", "error_code", "text"),
+    ("error_detail", "error_detail", "digest"),
+    ("conflict", "conflict", "text"),
+    ("trace_id", "trace_id", "text"),
+    ("span_id", "span_id", "text"),
+    ("authentication_recorded", "authentication_recorded", "text"),
+    ("unknown_since", "unknown_since", "time"),
+    ("next_attempt_at", "next_attempt_at", "time"),
+    ("reconcile_attempts", "reconcile_attempts", "text"),
+    ("reconcile_failures", "reconcile_failures", "text"),
+    ("reread_due_at", "reread_due_at", "time"),
+    ("result_unstorable", "result_unstorable", "text"),
+)
+# The keys whose value is a digest (a break prints them as such).
+DIGESTS = frozenset({"intent", "result"} | {key for key, _, how in FORMAT_4_COLUMNS
+                                            if how == "digest"})
+
+
+def digest_sql(value: str) -> str:
+    """The SQL of the sha256 (hex) of `value`'s text (jsonb's own text form); NULL stays NULL."""
+    return f"encode(sha256(convert_to(({value})::text, 'UTF8')), 'hex')"
+
+
+def time_sql(value: str) -> str:
+    """The SQL of the instant `value` as text in UTC (microseconds); NULL stays NULL."""
+    return f"to_char(({value}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+
+
+def content_sql(row: str, *, chain_format: int = CURRENT_FORMAT,
+                held: dict[str, str] | None = None) -> str:
+    """The SQL of what a link of `chain_format` (3 or later) covers of the operation `row`
+    (a table alias with the operation's columns), as a jsonb object: format 3 its target,
+    key, retry policy, fingerprint and the digests of its intent and result; format 4 also
+    every column of `FORMAT_4_COLUMNS`. `held`: another SQL expression for some keys (for
+    verification: what retention's redaction or the duplicate mark leave)."""
+    held = held or {}
+    pairs = [("target", f"{row}.target"), ("intent", digest_sql(f"{row}.intent")),
+             ("fingerprint", f"{row}.intent_fingerprint"), ("key", f"{row}.idempotency_key"),
+             ("retry_policy", f"{row}.retry_policy"), ("result", digest_sql(f"{row}.result"))]
+    if chain_format >= 4:
+        how_sql = {"text": lambda c: f"{row}.{c}", "digest": lambda c: digest_sql(f"{row}.{c}"),
+                   "time": lambda c: time_sql(f"{row}.{c}")}
+        pairs += [(key, how_sql[how](column)) for key, column, how in FORMAT_4_COLUMNS]
+    # jsonb_build_object takes at most 100 arguments: two objects joined stay below that.
+    parts = [pairs[i:i + 40] for i in range(0, len(pairs), 40)]
+    return " || ".join(
+        "jsonb_build_object(" + ", ".join(f"'{key}', {held.get(key, value)}"
+                                          for key, value in part) + ")"
+        for part in parts)
+
+
+# The event's chain columns, set by PostgreSQL on every INSERT (see the module docstring).
+# Runs as the writer: it reads the operation row the same statement wrote (a volatile
+# trigger function sees the rows its statement changed before this one).
+EVENT_CHAIN_COLUMNS_SQL = f"""
+    IF NEW.chain_seq IS NOT NULL OR NEW.chain_hash IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('event of operation %s at version %s: expected it written '
+                             'unsealed (chain_seq and chain_hash NULL: only the sealer links '
+                             'an event, through ledger_seal_events), found chain_seq %s',
+                             NEW.operation_id, NEW.version,
+                             COALESCE(NEW.chain_seq::text, 'NULL'));
+    END IF;
+    NEW.chain_format := {CURRENT_FORMAT};
+    SELECT {content_sql("o")} INTO NEW.content
+      FROM ledger_operation o WHERE o.id = NEW.operation_id;
+    RETURN NEW;
+"""
