@@ -42,6 +42,10 @@ def _describe(value: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _storable(value: str) -> bool:
+    return _UNSTORABLE.search(value) is None
+
+
 def _unstorable(value: str, name: str) -> None:
     found = _UNSTORABLE.search(value)
     if found:
@@ -164,62 +168,88 @@ def check_json(value: Any, *, what: str = "intent", max_depth: int | None = None
     input can exhaust Python's.
     """
     limit = conf.MAX_JSON_DEPTH if max_depth is None else max_depth
-    # (value, path, depth, ids of the containers above it)
-    stack: list[tuple[Any, str, int, frozenset[int]]] = [(value, what, 0, frozenset())]
+    # (value, where it sits, depth). Where it sits is a link (parent's link, key or index),
+    # spelled out only for an error, and the containers on the way down are one set that a
+    # marker left under a container's items clears again: linear in the size of the value,
+    # however deep (a copied set and a path string per level made a deep value quadratic).
+    stack: list[tuple[Any, Any, int]] = [(value, None, 0)]
+    above: set[int] = set()
     while stack:
-        node, here, depth, above = stack.pop()
+        node, link, depth = stack.pop()
+        if node is _LEFT:
+            above.discard(link)
+            continue
         if node is None or isinstance(node, bool):
             continue
         if isinstance(node, str):
-            _unstorable(node, here)
+            if not _storable(node):
+                _unstorable(node, _path(what, link))
             continue
         if isinstance(node, int):
             if not -_JSON_INT_LIMIT < node < _JSON_INT_LIMIT:
                 digits = int(node.bit_length() * math.log10(2)) + 1
                 raise InvalidInput(
-                    f"expected {here} to be an integer of at most {MAX_JSON_INT_DIGITS} "
-                    f"digits, found one of about {digits:,} digits; store such numbers as "
-                    "strings"
+                    f"expected {_path(what, link)} to be an integer of at most "
+                    f"{MAX_JSON_INT_DIGITS} digits, found one of about {digits:,} digits; "
+                    "store such numbers as strings"
                 )
             continue
         if isinstance(node, float):
             if not math.isfinite(node):
                 raise InvalidInput(
-                    f"expected {here} to be a finite JSON number, found {node!r} "
-                    "(NaN and Infinity are not JSON)"
+                    f"expected {_path(what, link)} to be a finite JSON number, found "
+                    f"{node!r} (NaN and Infinity are not JSON)"
                 )
             continue
         if not isinstance(node, Mapping | list | tuple):
             raise InvalidInput(
-                f"expected {here} to hold only JSON values (object, array, string, number, "
-                f"true, false, null), found {type(node).__name__} {_short_repr(node)}"
+                f"expected {_path(what, link)} to hold only JSON values (object, array, "
+                f"string, number, true, false, null), found {type(node).__name__} "
+                f"{_short_repr(node)}"
             )
         if id(node) in above:
             raise InvalidInput(
-                f"expected {what} to be a tree of JSON values, found {here} holding a "
-                "container that also holds it (a cycle)"
+                f"expected {what} to be a tree of JSON values, found {_path(what, link)} "
+                "holding a container that also holds it (a cycle)"
             )
         if depth >= limit:
             raise InvalidInput(
                 f"expected {what} nested at most {limit} levels deep "
-                f"(LEDGER_MAX_JSON_DEPTH), found {here} deeper"
+                f"(LEDGER_MAX_JSON_DEPTH), found {_path(what, link)} deeper"
             )
-        inner = above | {id(node)}
+        above.add(id(node))
+        stack.append((_LEFT, id(node), depth))
         if isinstance(node, Mapping):
             items = []
             for key, item in node.items():
                 if not isinstance(key, str):
                     raise InvalidInput(
-                        f"expected every key in {here} to be a string, found "
+                        f"expected every key in {_path(what, link)} to be a string, found "
                         f"{type(key).__name__} {_short_repr(key)}"
                     )
-                _unstorable(key, f"a key in {here}")
-                items.append((item, _key_path(here, key), depth + 1, inner))
+                if not _storable(key):
+                    _unstorable(key, f"a key in {_path(what, link)}")
+                items.append((item, (link, key), depth + 1))
             stack.extend(reversed(items))
         else:
-            stack.extend(reversed([(item, f"{here}[{index}]", depth + 1, inner)
+            stack.extend(reversed([(item, (link, index), depth + 1)
                                    for index, item in enumerate(node)]))
     return value
+
+
+_LEFT = object()  # check_json's marker: every item of the container below it is checked
+
+
+def _path(what: str, link: Any) -> str:
+    """`intent.items[3].n` from check_json's link of a node (None: the value itself)."""
+    steps = []
+    while link is not None:
+        link, step = link
+        steps.append(step)
+    path = what
+    for step in reversed(steps):
+        path = f"{path}[{step}]" if isinstance(step, int) else _key_path(path, step)
+    return path
 
 
 def _short_repr(value: Any) -> str:
