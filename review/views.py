@@ -177,11 +177,25 @@ def operation_detail(request, operation_id: str):
 
 def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
             ack_form: AcknowledgeForm | None = None, status: int = 200, approval_form=None,
-            just_decided: bool = False):
+            just_decided: bool = False, refused: dict | None = None):
     detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
-    if form is None:
+    if refused is not None:
+        # A refused decision comes back as typed (reason, external id, the chosen
+        # decision), on the version the page now shows: nothing the reviewer wrote is lost.
+        form = ResolveForm(initial={"version": op.version, **refused["typed"]})
+    elif form is None:
         form = ResolveForm(initial={"version": op.version})
+    reconfirm = None
+    if refused is not None and refused["stale"]:
+        to_state = refused["typed"]["to_state"]
+        if to_state in detail.resolutions:
+            # Only moves that left the same decision open happened (e.g. the reconciler's
+            # reconciling -> outcome_unknown): offered again, one key records it.
+            reconfirm = {"to_state": to_state, "label": ACTION_LABELS[to_state],
+                         "why": refused["why"].removeprefix("Nothing recorded: ")}
+        else:
+            messages.warning(request, refused["why"])
     context = {
         "detail": detail,
         "op": op,
@@ -195,6 +209,9 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "approval_actions": DECISION_LABELS,
         # A decision was just recorded: "Next item" takes the focus.
         "just_decided": just_decided,
+        # The decision was refused as stale but is still open: confirm it with one key.
+        "reconfirm": reconfirm,
+        "chosen": form["to_state"].value(),
         # Safe to retry is legal but not this reviewer's to take: say why (the policy).
         "retry_needs_admin": bool(detail.resolutions)
         and State.SAFE_TO_RETRY in states.resolutions_from(op.state)
@@ -217,7 +234,7 @@ def resolve(request, operation_id: str):
     if not form.is_valid():
         return _detail(request, operation_id, form=form, status=422)
     to_state = form.cleaned_data["to_state"]
-    decided = False
+    typed = {name: form.cleaned_data[name] for name in ("to_state", "reason", "external_id")}
     try:
         receipts.resolve(
             op, to_state, user=request.user, reason=form.cleaned_data["reason"],
@@ -226,11 +243,14 @@ def resolve(request, operation_id: str):
             expected_version=form.cleaned_data["version"],
         )
     except errors.StaleVersion as exc:
-        messages.warning(request, stale_message(exc))
+        return _detail(request, operation_id, status=409,
+                       refused={"typed": typed, "stale": True, "why": stale_message(exc)})
     except (errors.IllegalTransition, errors.InvalidInput, errors.SecondPersonRequired) as exc:
+        # Re-rendered, not redirected: the reason typed stays in the form.
         messages.error(request, f"Nothing recorded: {exc}")
+        return _detail(request, operation_id, status=409,
+                       refused={"typed": typed, "stale": False, "why": ""})
     else:
-        decided = True
         if op.proposal_recorded:  # the first of two people
             messages.info(
                 request, f"Proposed: {ACTION_LABELS[to_state]} on {op.operation_id}; it takes "
@@ -241,7 +261,7 @@ def resolve(request, operation_id: str):
                 request, f"Recorded: {ACTION_LABELS[to_state]} on {op.operation_id}."
             )
     if request.htmx:
-        return _detail(request, operation_id, just_decided=decided)
+        return _detail(request, operation_id, just_decided=True)
     return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
 
 

@@ -6,6 +6,8 @@
  *   s / r / a  on an operation: choose "Mark succeeded", "Safe to retry" or "Abandon"
  *              and move to the reason; Ctrl+Enter there records the chosen decision
  *   n          on an operation: the next item of the queue (same filter)
+ *   y          on an operation whose decision was refused as stale but is still open:
+ *              record it (the reason kept) on the version now shown
  *   ?          this help; Escape closes it
  *
  * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held (but Ctrl+Enter in
@@ -148,6 +150,13 @@
           choose(button);
         }
         break;
+      case "y":
+        var confirm = document.querySelector("#decision button[data-confirm]");
+        if (confirm) {
+          event.preventDefault();
+          confirm.click();
+        }
+        break;
       case "n":
         var next = document.querySelector("a[data-next]");
         if (next) {
@@ -224,6 +233,16 @@
     if (next && !next.hasAttribute("data-focused")) {
       next.setAttribute("data-focused", "true");
       next.focus();
+    }
+  });
+
+  // A decision refused as stale but still open: its confirm button takes the focus, so
+  // Enter (or y) records it; the reason stays in its field.
+  document.addEventListener("htmx:afterSettle", function () {
+    var confirm = document.querySelector("#decision button[data-confirm]");
+    if (confirm && !confirm.hasAttribute("data-focused")) {
+      confirm.setAttribute("data-focused", "true");
+      confirm.focus();
     }
   });
 
