@@ -5,8 +5,9 @@ operation's page, and their own claim is refused naming Ada until it expires or 
 releases it. A claim decides nothing: any reviewer may still resolve the operation (the
 version check settles races). While it lasts it pauses automatic reconciliation of the
 operation: the reconciler does not claim an `outcome_unknown` operation a person has
-claimed (`ledger.reconcile`), and says so once per claim in its log (`paused_by_claims`). `add_note` appends a person's note to the operation's
-timeline; notes are append-only, like the events beside them.
+claimed (`ledger.reconcile`), and says so once per claim in its log (`paused_by_claims`).
+`add_note` appends a person's note to the operation's timeline; notes are append-only,
+like the events beside them.
 
 Claiming, releasing and writing notes need `ledger.resolve_operation` and a grant for the
 operation's tenant; reading notes needs only what reading the operation needs.

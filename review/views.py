@@ -194,8 +194,10 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
             # reconciling -> outcome_unknown): offered again, one key records it.
             reconfirm = {"to_state": to_state, "label": ACTION_LABELS[to_state],
                          "why": refused["why"].removeprefix("Nothing recorded: ")}
-        else:
-            messages.warning(request, refused["why"])
+    if refused is not None and reconfirm is None:
+        add = messages.warning if refused["stale"] else messages.error
+        add(request, refused["why"] + kept_reason(refused["typed"]["reason"],
+                                                  shown=bool(detail.resolutions)))
     context = {
         "detail": detail,
         "op": op,
@@ -247,9 +249,8 @@ def resolve(request, operation_id: str):
                        refused={"typed": typed, "stale": True, "why": stale_message(exc)})
     except (errors.IllegalTransition, errors.InvalidInput, errors.SecondPersonRequired) as exc:
         # Re-rendered, not redirected: the reason typed stays in the form.
-        messages.error(request, f"Nothing recorded: {exc}")
         return _detail(request, operation_id, status=409,
-                       refused={"typed": typed, "stale": False, "why": ""})
+                       refused={"typed": typed, "stale": False, "why": f"Nothing recorded: {exc}"})
     else:
         if op.proposal_recorded:  # the first of two people
             messages.info(
@@ -278,18 +279,25 @@ def acknowledge(request, operation_id: str):
     try:
         receipts.acknowledge(op, user=request.user, reason=form.cleaned_data["reason"],
                              expected_version=form.cleaned_data["version"])
-    except errors.StaleVersion as exc:
-        messages.warning(request, stale_message(exc))
+    except errors.StaleVersion as exc:  # re-rendered: the reason typed is kept
+        messages.warning(request, stale_message(exc) + kept_reason(
+            form.cleaned_data["reason"], shown=bool(exc.current and exc.current.conflict)))
+        return _detail(request, operation_id, ack_form=form, status=409)
     except (errors.IllegalTransition, errors.InvalidInput) as exc:
-        messages.error(request, f"Nothing recorded: {exc}")
-    else:
-        messages.success(request, f"Recorded: conflict acknowledged on {op.operation_id}; "
-                                  "it has left the queue.")
-        if request.htmx:
-            return _detail(request, operation_id, just_decided=True)
+        messages.error(request, f"Nothing recorded: {exc}"
+                       + kept_reason(form.cleaned_data["reason"], shown=False))
+        return _detail(request, operation_id, ack_form=form, status=409)
+    messages.success(request, f"Recorded: conflict acknowledged on {op.operation_id}; "
+                              "it has left the queue.")
     if request.htmx:
-        return _detail(request, operation_id)
+        return _detail(request, operation_id, just_decided=True)
     return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
+
+
+def kept_reason(reason: str, *, shown: bool) -> str:
+    """What a refusal adds when the form the reason was typed in is gone (nothing is left
+    to decide): the reason itself, to copy; nothing when the form shows it again."""
+    return "" if shown or not reason else f" Your reason, not recorded: “{reason}”."
 
 
 def stale_message(exc: errors.StaleVersion) -> str:

@@ -79,6 +79,7 @@ def test_a_stale_form_is_told_who_decided_first_and_nothing_is_written_twice(cli
     assert "Nothing recorded: alice (human) already moved this operation" in page
     assert "alice found it" in page
     assert 'id="reconfirm"' not in page  # succeeded: no decision is open any more
+    assert "Your reason, not recorded: “my own check”" in page  # and no form to keep it
     op.refresh_from_db()
     assert op.state == State.SUCCEEDED and len(human_events(op)) == 1
 
