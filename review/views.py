@@ -211,6 +211,8 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "approval_actions": DECISION_LABELS,
         # A decision was just recorded: "Next item" takes the focus.
         "just_decided": just_decided,
+        # How it was settled, in words, from the events already read.
+        "settlement": settlement(op, detail.events),
         # The decision was refused as stale but is still open: confirm it with one key.
         "reconfirm": reconfirm,
         "chosen": form["to_state"].value(),
@@ -292,6 +294,32 @@ def acknowledge(request, operation_id: str):
     if request.htmx:
         return _detail(request, operation_id, just_decided=True)
     return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
+
+
+SETTLED_STATES = frozenset({*states.TERMINAL, State.SAFE_TO_RETRY})
+
+
+def settlement(op, events) -> str:
+    """How `op` came to its settled state, in words ("" while it is not settled): who
+    moved it there (its agent, a reconciler, a person) and the reason they recorded.
+    `events`: the operation's events, oldest first (no query here)."""
+    if op.state not in SETTLED_STATES:
+        return ""
+    move = next((ev for ev in reversed(events)
+                 if ev.to_state == op.state and ev.from_state != ev.to_state), None)
+    if move is None:
+        return f"{State(op.state).label}; no event records the move (retention removed it?)."
+    who = {
+        "agent": f"by its agent{f' {move.actor_id}' if move.actor_id else ''}, which reported "
+                 "the call's outcome itself",
+        "reconciler": f"by the reconciler {move.actor_id}, from what the external "
+                      "system showed (see Evidence)",
+        "human": f"by {move.actor_id}, a person, on the desk",
+        "system": "by the ledger itself",
+    }.get(move.actor_kind, f"by {move.actor_id}")
+    why = f": {move.reason}" if move.reason else ""
+    return (f"{State(op.state).label} {who}, at "
+            f"{move.created_at:%Y-%m-%d %H:%M:%S} UTC{why}.")
 
 
 def kept_reason(reason: str, *, shown: bool) -> str:
