@@ -16,6 +16,20 @@ from tests.review.execution_setup import busy_run, make_conflict, make_overdue
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"width": 390, "height": 844}
+# The laptop and desktop widths every desk page fits too, beside the phone's.
+DESKTOP_WIDTHS = (1024, 1280, 1440)
+# A link or label of the top bar that wraps ("Audit / log", "Log / out"): its text takes
+# more than one line box.
+WRAPPED_NAV_JS = """() => [...document.querySelectorAll(
+        '.topbar .brand, .mainnav a, .whoami button, .whoami > span')]
+    .filter(el => {
+        const range = document.createRange();
+        range.selectNodeContents(el);
+        const rects = [...range.getClientRects()].filter(r => r.width > 0);
+        // a rect wholly below another starts a second line (a smaller badge beside the
+        // text is on the same line: the two overlap vertically)
+        return rects.some(a => rects.some(b => a.top >= b.bottom - 1));
+    }).map(el => el.textContent.trim())"""
 
 
 @pytest.fixture(autouse=True)
@@ -223,6 +237,23 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server, notified
         assert {path: [t for t in found if t] for path, found in tables.items()
                 if any(found)} == {}
         assert {path: w for path, w in widths.items() if w > PHONE["width"]} == {}
+        # The same pages at laptop and desktop widths: no sideways scrolling, and the top
+        # navigation never breaks a link over two lines.
+        wide, wrapped = {}, {}
+        for width in DESKTOP_WIDTHS:
+            page.set_viewport_size({"width": width, "height": 860})
+            for path in pages:
+                page.goto(path)
+                found = page.evaluate("document.documentElement.scrollWidth")
+                if found > width:
+                    wide[(width, path)] = found
+                broken = page.evaluate(WRAPPED_NAV_JS)
+                if broken:
+                    wrapped[(width, path)] = broken
+            page.goto("/")
+            screenshot(page, f"queue-{width}")
+        assert wide == {}, f"expected every page to fit its width, found {wide}"
+        assert wrapped == {}, f"expected no top-bar link over two lines, found {wrapped}"
     finally:
         context.close()
 
