@@ -146,6 +146,10 @@ def test_a_bulk_decision_takes_the_decided_rows_out_and_refreshes_the_counts(bro
     expect(page.locator("table.queue tbody tr")).to_have_count(2)
     assert page.locator("input[name=items]:checked").count() == 0
     expect(page.locator("[data-count=outcome_unknown]")).to_have_text("2")
+    # One's own decision is no news: no "The queue changed since you loaded it".
+    page.wait_for_function("() => document.querySelector('#queue-fresh')"
+                           ".hasAttribute('data-own')", timeout=5000)
+    assert page.locator("#queue-fresh").inner_text() == ""
     screenshot(page, "bulk-after")
     assert page.console_errors == []
 

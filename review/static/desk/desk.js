@@ -266,7 +266,35 @@
     var reason = document.querySelector("#bulk-form input[name=reason]");
     if (reason) { reason.value = ""; }
     var poll = document.getElementById("queue-poll");
-    if (poll && window.htmx) { window.htmx.trigger(poll, "refresh"); }
+    if (poll && window.htmx) {
+      ownDecision = true;
+      window.htmx.trigger(poll, "refresh");
+    }
+  });
+
+  // The counts asked again after one's own bulk decision changed only by it (no new
+  // items): that is no news, so no "The queue changed since you loaded it"; the poll
+  // compares with the queue as it is now from then on.
+  var ownDecision = false, ownSeen = null;
+  document.addEventListener("htmx:configRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (!ownSeen || !elt || elt.id !== "queue-poll") { return; }
+    var url = new URL(event.detail.path, window.location.href);
+    url.searchParams.set("seen", ownSeen);
+    event.detail.path = url.pathname + url.search;
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var config = event.detail && event.detail.requestConfig;
+    if (!ownDecision || !config || !config.elt || config.elt.id !== "queue-poll") { return; }
+    var fresh = document.getElementById("queue-fresh");
+    if (!fresh) { return; }
+    ownDecision = false;
+    if (fresh.getAttribute("data-new") === "0") {
+      ownSeen = fresh.getAttribute("data-signature");
+      fresh.removeAttribute("data-changed");
+      fresh.setAttribute("data-own", "true");
+      fresh.textContent = "";
+    }
   });
 
   // A note that was recorded leaves its form empty for the next one.
