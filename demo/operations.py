@@ -7,9 +7,10 @@ both took effect, a lost request whose only look-alike was posted by hand under 
 key during a key-index outage (ambiguous: manual_review), a crashed sender swept to
 outcome_unknown, another not swept yet (stuck in submitted), one awaiting approval, and
 some still outcome_unknown (reads inside the service's consistency window, and one not
-looked at yet). Everything goes through the
+looked at yet), and a few (DECIDE_BY_HAND) that name the articles service the running demo
+serves and stay outcome_unknown while it runs, for a reviewer. Everything goes through the
 ledger API, at moments from six days to minutes ago (`demo.clock.backdated`), so the desk
-shows realistic ages; the service runs in-process on 127.0.0.1 and stops after.
+shows realistic ages; the seed's own service runs in-process on 127.0.0.1 and stops after.
 """
 
 from __future__ import annotations
@@ -26,11 +27,20 @@ from demo.simulated.articles import (
     ArticlesClient,
     ArticlesService,
     ServiceError,
+    demo_articles_url,
 )
 from ledger import approvals, leases, receipts, reconcile
 from ledger.models import Operation, Run
 
 WORKER = "demo-reconciler"
+# Outcome unknown for as long as the demo runs, for a reviewer to settle by hand: (run,
+# step, title), sent to the running demo's articles service within DELIVERY_WINDOW.
+DECIDE_BY_HAND = [
+    ("demo-newsroom", "corrections", "Corrections and clarifications"),
+    ("demo-acme-blog", "case-study", "Case study: a year with Acme"),
+    ("demo-newsroom", "opinion", "Opinion: keep the harbour open"),
+]
+DELIVERY_WINDOW = timedelta(days=1)
 TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ServiceError)
 
 
@@ -115,6 +125,17 @@ def seed_operations(stdout) -> None:
             # A consequential call the agent may not make before a person approves it.
             _awaiting_approval(newsroom, service)
 
+        with backdated(timedelta(minutes=25)):
+            # Sent to the articles service the running demo serves (Procfile.demo's
+            # `articles`, `demo_articles_url`), whose delivery queue may hold a request for
+            # up to a day: the requests were lost on the way, and until that window ends the
+            # reconciler's reads prove nothing (absent, but maybe still in flight). They stay
+            # outcome_unknown while the demo runs: a person settles them.
+            runs = {"demo-newsroom": newsroom, "demo-acme-blog": acme}
+            for run_id, step, title in DECIDE_BY_HAND:
+                agent.send(runs[run_id], step, title, fault="lose_request",
+                           target=demo_articles_url(), in_flight_for=DELIVERY_WINDOW)
+
         with backdated(timedelta(minutes=4)):
             # Timed out just now; no reconciler has looked at it yet.
             agent.send(acme, "newsletter", "April newsletter", fault="drop_response")
@@ -129,15 +150,19 @@ class _Agent:
         self.service = service
 
     def send(self, run: Run, step: str, title: str, *, fault: str | None = None,
-             retry_policy: str = "if_absent_proven") -> Operation:
+             retry_policy: str = "if_absent_proven", target: str | None = None,
+             in_flight_for: timedelta | None = None) -> Operation:
+        """`target`: the service the operation names (default: the seed's own, whose
+        request this is); `in_flight_for`: how long the request may still land."""
         # The seed reconciles at once. A lost request never reached the in-process service
         # (it fails before any byte is sent), so no window is needed to trust its absence;
         # a real agent keeps the default window.
-        in_flight_for = timedelta(0) if fault == "lose_request" else None
+        if in_flight_for is None and fault == "lose_request":
+            in_flight_for = timedelta(0)
         client = ArticlesClient(self.service.url, timeout=0.3 if fault == "slow" else 5.0)
         body = f"{title.strip() or 'Untitled'}: the full text."
         op = receipts.record_intent(
-            "articles.create", client.articles_url,
+            "articles.create", target or client.articles_url,
             {"title": title, "body": body, "headers": {"Authorization": "Bearer demo-secret"}},
             tenant=run.tenant, run=run, idempotency_key=receipts.idempotency_key(run.run_id, step),
             retry_policy=retry_policy, actor=f"agent:{run.run_id}",

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
@@ -45,9 +44,10 @@ def webhook_catcher(request):
             return redirect_to_login(request.get_full_path())
         if not request.user.has_perm("ledger.view_notificationchannel"):
             # What arrived names operations of every tenant: the admins' page, like the
-            # notification pages themselves.
-            raise PermissionDenied("expected an admin (the notification pages' permission), "
-                                   "found none")
+            # notification pages themselves. Said on the page (a 403, not an exception:
+            # nothing for the server's log to print a traceback of).
+            return render(request, "demo/webhook_catcher.html", {"admins_only": True},
+                          status=403)
         return render(request, "demo/webhook_catcher.html",
                       {"deliveries": demo_notifications.received()})
     body = request.body[:MAX_BODY + 1]

@@ -3,8 +3,11 @@
 `claim` says "Ada is looking at this" for CLAIM_TTL; others see it in the queue and on the
 operation's page, and their own claim is refused naming Ada until it expires or she
 releases it. A claim decides nothing: any reviewer may still resolve the operation (the
-version check settles races). `add_note` appends a person's note to the operation's
-timeline; notes are append-only, like the events beside them.
+version check settles races). While it lasts it pauses automatic reconciliation of the
+operation: the reconciler does not claim an `outcome_unknown` operation a person has
+claimed (`ledger.reconcile`), and says so once per claim in its log (`paused_by_claims`).
+`add_note` appends a person's note to the operation's timeline; notes are append-only,
+like the events beside them.
 
 Claiming, releasing and writing notes need `ledger.resolve_operation` and a grant for the
 operation's tenant; reading notes needs only what reading the operation needs.
@@ -95,6 +98,18 @@ def live_claim(op: Operation, *, now: datetime | None = None) -> Claim | None:
     """The claim on `op` that has not expired at `now`, or None. One query."""
     now = now or timezone.now()
     return Claim.objects.filter(operation=op, expires_at__gt=now).first()
+
+
+def paused_by_claims(*, now: datetime | None = None, limit: int = 100) -> list[Claim]:
+    """The live claims that keep an `outcome_unknown` operation from the reconciler at
+    `now` (whose next attempt has come), oldest claim first, at most `limit`. One query;
+    the reconciler logs them."""
+    now = now or timezone.now()
+    return list(
+        Claim.objects.filter(expires_at__gt=now, operation__state="outcome_unknown")
+        .exclude(operation__next_attempt_at__gt=now)
+        .select_related("operation").order_by("claimed_at", "id")[:limit]
+    )
 
 
 def add_note(op: Operation, *, user, text: str, now: datetime | None = None) -> OperationNote:

@@ -59,7 +59,7 @@ from django.db.models import Value
 from django.db.models.functions import MD5
 from django.utils import timezone
 
-from ledger import conf, durations, leases, rows, transitions
+from ledger import claims, conf, durations, leases, rows, transitions
 from ledger.canonical import canonical_json, redact, scrub_text
 from ledger.errors import InvalidInput, LeaseHeld, StaleFencingToken, StaleVersion
 from ledger.inputs import (
@@ -648,7 +648,8 @@ def claim_next(
     """Claim the next operation due for reconciliation, or None when there is none.
 
     Due: `reconciling` whose lease has expired (its worker died; these first), or
-    `outcome_unknown` whose `next_attempt_at` has come (the oldest due first). Rows locked
+    `outcome_unknown` whose `next_attempt_at` has come and that no reviewer holds a live
+    claim on (`ledger.claims`: the claim pauses it; the oldest due first). Rows locked
     by another claimer are skipped, so many workers never claim the same operation. The
     claim moves it to `reconciling` (a take-over keeps it there) under a new, larger token
     of `reconcile:<operation_id>`.
@@ -669,7 +670,10 @@ def claim_next(
 # than sorting every due one). One statement, written out once and prepared: every worker
 # runs it before every operation, and compiling it through the ORM cost more CPU than the
 # rest of a claim. The second look runs only when the first found nothing (its one-time
-# filter), so a claim locks one row at most.
+# filter), so a claim locks one row at most. An operation a reviewer has claimed
+# (ledger.claims, a live ledger_claim row, looked up in its unique index) is not due while
+# the claim lasts: the person decides, the reconciler does not move it under them. One
+# already in `reconciling` when claimed is finished as before.
 _CLAIM = f"""
     WITH orphaned AS MATERIALIZED (
         SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
@@ -687,6 +691,9 @@ _CLAIM = f"""
            AND state = '{State.OUTCOME_UNKNOWN}'
            AND (next_attempt_at IS NULL OR next_attempt_at <= %(now)s)
            AND NOT (id = ANY(%(skip)s::bigint[]))
+           AND NOT EXISTS (SELECT 1 FROM ledger_claim c
+                            WHERE c.operation_id = ledger_operation.id
+                              AND c.expires_at > %(now)s)
          ORDER BY next_attempt_at ASC NULLS FIRST, id
          LIMIT 1
            FOR UPDATE OF ledger_operation SKIP LOCKED
@@ -918,7 +925,28 @@ def run_once(
         if op.state != State.OUTCOME_UNKNOWN:
             finished += 1
     reread_due(worker=worker, limit=limit, lease_ttl=lease_ttl, on_verdict=on_verdict)
+    _log_paused(worker)
     return finished
+
+
+# (operation pk, claimed_at) of the claims this process has already logged as pausing.
+_paused_logged: set[tuple[int, datetime]] = set()
+
+
+def _log_paused(worker: str) -> None:
+    """Say once per claim that a reviewer's claim pauses an operation that is due (the
+    claim query skips it: ledger.claims)."""
+    live = set()
+    for held in claims.paused_by_claims():
+        key = (held.operation_id, held.claimed_at)
+        live.add(key)
+        if key not in _paused_logged:
+            logger.info("worker %s leaves operation %s alone: claimed by %s until %s UTC, "
+                        "automatic reconciliation is paused while the claim lasts",
+                        worker, held.operation.operation_id, held.claimed_by_name,
+                        f"{held.expires_at:%Y-%m-%d %H:%M:%S}")
+    _paused_logged.intersection_update(live)
+    _paused_logged.update(live)
 
 
 def _settle_isolated(claim: Claim, outcome: Outcome) -> Operation:

@@ -177,11 +177,27 @@ def operation_detail(request, operation_id: str):
 
 def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
             ack_form: AcknowledgeForm | None = None, status: int = 200, approval_form=None,
-            just_decided: bool = False):
+            just_decided: bool = False, refused: dict | None = None):
     detail = selectors.operation_detail(request.user, operation_id)
     op = detail.operation
-    if form is None:
+    if refused is not None:
+        # A refused decision comes back as typed (reason, external id, the chosen
+        # decision), on the version the page now shows: nothing the reviewer wrote is lost.
+        form = ResolveForm(initial={"version": op.version, **refused["typed"]})
+    elif form is None:
         form = ResolveForm(initial={"version": op.version})
+    reconfirm = None
+    if refused is not None and refused["stale"]:
+        to_state = refused["typed"]["to_state"]
+        if to_state in detail.resolutions:
+            # Only moves that left the same decision open happened (e.g. the reconciler's
+            # reconciling -> outcome_unknown): offered again, one key records it.
+            reconfirm = {"to_state": to_state, "label": ACTION_LABELS[to_state],
+                         "why": refused["why"].removeprefix("Nothing recorded: ")}
+    if refused is not None and reconfirm is None:
+        add = messages.warning if refused["stale"] else messages.error
+        add(request, refused["why"] + kept_reason(refused["typed"]["reason"],
+                                                  shown=bool(detail.resolutions)))
     context = {
         "detail": detail,
         "op": op,
@@ -195,6 +211,11 @@ def _detail(request, operation_id: str, *, form: ResolveForm | None = None,
         "approval_actions": DECISION_LABELS,
         # A decision was just recorded: "Next item" takes the focus.
         "just_decided": just_decided,
+        # How it was settled, in words, from the events already read.
+        "settlement": settlement(op, detail.events),
+        # The decision was refused as stale but is still open: confirm it with one key.
+        "reconfirm": reconfirm,
+        "chosen": form["to_state"].value(),
         # Safe to retry is legal but not this reviewer's to take: say why (the policy).
         "retry_needs_admin": bool(detail.resolutions)
         and State.SAFE_TO_RETRY in states.resolutions_from(op.state)
@@ -217,7 +238,7 @@ def resolve(request, operation_id: str):
     if not form.is_valid():
         return _detail(request, operation_id, form=form, status=422)
     to_state = form.cleaned_data["to_state"]
-    decided = False
+    typed = {name: form.cleaned_data[name] for name in ("to_state", "reason", "external_id")}
     try:
         receipts.resolve(
             op, to_state, user=request.user, reason=form.cleaned_data["reason"],
@@ -226,11 +247,13 @@ def resolve(request, operation_id: str):
             expected_version=form.cleaned_data["version"],
         )
     except errors.StaleVersion as exc:
-        messages.warning(request, stale_message(exc))
+        return _detail(request, operation_id, status=409,
+                       refused={"typed": typed, "stale": True, "why": stale_message(exc)})
     except (errors.IllegalTransition, errors.InvalidInput, errors.SecondPersonRequired) as exc:
-        messages.error(request, f"Nothing recorded: {exc}")
+        # Re-rendered, not redirected: the reason typed stays in the form.
+        return _detail(request, operation_id, status=409,
+                       refused={"typed": typed, "stale": False, "why": f"Nothing recorded: {exc}"})
     else:
-        decided = True
         if op.proposal_recorded:  # the first of two people
             messages.info(
                 request, f"Proposed: {ACTION_LABELS[to_state]} on {op.operation_id}; it takes "
@@ -241,7 +264,7 @@ def resolve(request, operation_id: str):
                 request, f"Recorded: {ACTION_LABELS[to_state]} on {op.operation_id}."
             )
     if request.htmx:
-        return _detail(request, operation_id, just_decided=decided)
+        return _detail(request, operation_id, just_decided=True)
     return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
 
 
@@ -258,18 +281,51 @@ def acknowledge(request, operation_id: str):
     try:
         receipts.acknowledge(op, user=request.user, reason=form.cleaned_data["reason"],
                              expected_version=form.cleaned_data["version"])
-    except errors.StaleVersion as exc:
-        messages.warning(request, stale_message(exc))
+    except errors.StaleVersion as exc:  # re-rendered: the reason typed is kept
+        messages.warning(request, stale_message(exc) + kept_reason(
+            form.cleaned_data["reason"], shown=bool(exc.current and exc.current.conflict)))
+        return _detail(request, operation_id, ack_form=form, status=409)
     except (errors.IllegalTransition, errors.InvalidInput) as exc:
-        messages.error(request, f"Nothing recorded: {exc}")
-    else:
-        messages.success(request, f"Recorded: conflict acknowledged on {op.operation_id}; "
-                                  "it has left the queue.")
-        if request.htmx:
-            return _detail(request, operation_id, just_decided=True)
+        messages.error(request, f"Nothing recorded: {exc}"
+                       + kept_reason(form.cleaned_data["reason"], shown=False))
+        return _detail(request, operation_id, ack_form=form, status=409)
+    messages.success(request, f"Recorded: conflict acknowledged on {op.operation_id}; "
+                              "it has left the queue.")
     if request.htmx:
-        return _detail(request, operation_id)
+        return _detail(request, operation_id, just_decided=True)
     return redirect(operation_url(op) + view_context(request.GET)["view_suffix"])
+
+
+SETTLED_STATES = frozenset({*states.TERMINAL, State.SAFE_TO_RETRY})
+
+
+def settlement(op, events) -> str:
+    """How `op` came to its settled state, in words ("" while it is not settled): who
+    moved it there (its agent, a reconciler, a person) and the reason they recorded.
+    `events`: the operation's events, oldest first (no query here)."""
+    if op.state not in SETTLED_STATES:
+        return ""
+    move = next((ev for ev in reversed(events)
+                 if ev.to_state == op.state and ev.from_state != ev.to_state), None)
+    if move is None:
+        return f"{State(op.state).label}; no event records the move (retention removed it?)."
+    who = {
+        "agent": f"by its agent{f' {move.actor_id}' if move.actor_id else ''}, which reported "
+                 "the call's outcome itself",
+        "reconciler": f"by the reconciler {move.actor_id}, from what the external "
+                      "system showed (see Evidence)",
+        "human": f"by {move.actor_id}, a person, on the desk",
+        "system": "by the ledger itself",
+    }.get(move.actor_kind, f"by {move.actor_id}")
+    why = f": {move.reason}" if move.reason else ""
+    return (f"{State(op.state).label} {who}, at "
+            f"{move.created_at:%Y-%m-%d %H:%M:%S} UTC{why}.")
+
+
+def kept_reason(reason: str, *, shown: bool) -> str:
+    """What a refusal adds when the form the reason was typed in is gone (nothing is left
+    to decide): the reason itself, to copy; nothing when the form shows it again."""
+    return "" if shown or not reason else f" Your reason, not recorded: “{reason}”."
 
 
 def stale_message(exc: errors.StaleVersion) -> str:

@@ -63,12 +63,12 @@ def decide(request, operation_id: str):
         else:
             approvals.approve(op, user=request.user, reason=data["reason"],
                               intent=data["intent"], expected_version=version)
-    except errors.StaleVersion as exc:
+    except errors.StaleVersion as exc:  # the reason (and an edited intent) stay typed
         messages.warning(request, stale_message(exc))
-        return _detail(request, operation_id, status=409)
+        return _detail(request, operation_id, approval_form=form, status=409)
     except (errors.SecondPersonRequired, errors.IllegalTransition) as exc:
         messages.warning(request, f"Nothing recorded: {exc}")
-        return _detail(request, operation_id, status=409)
+        return _detail(request, operation_id, approval_form=form, status=409)
     except errors.InvalidInput as exc:
         messages.error(request, f"Nothing recorded: {exc}")
         return _detail(request, operation_id, approval_form=form, status=422)

@@ -63,9 +63,8 @@ def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tm
     # LEDGER_DB_POOL=1: each process keeps a connection, so its login shows in
     # pg_stat_activity (below)
     env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", LEDGER_DB_POOL="1",
-               LEDGER_DESK_URL=f"http://127.0.0.1:{port}")
-    procfile = procfile_for_tests("Procfile.demo", tmp_path,
-                                  {"--port 8765": f"--port {articles_port}"})
+               LEDGER_DESK_URL=f"http://127.0.0.1:{port}", DEMO_ARTICLES_PORT=str(articles_port))
+    procfile = procfile_for_tests("Procfile.demo", tmp_path)
     honcho = Honcho(procfile, port=port, env=env)
     try:
         wait_for_port(port, honcho)

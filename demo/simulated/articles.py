@@ -51,6 +51,10 @@ from ledger.canonical import fingerprint, redact
 from ledger.models import Operation
 
 HOST = "127.0.0.1"
+# The demo's articles service (`manage.py demo_articles`, in Procfile.demo) listens on
+# DEMO_ARTICLES_PORT, else on the desk's port (LEDGER_DESK_URL, from `make demo`'s PORT)
+# plus this offset: 8765 beside the default 8000, and a second demo on PORT=9000 at 9765.
+DEMO_ARTICLES_PORT_OFFSET = 765
 FAULTS = ("drop_response", "lose_request", "slow", "deliver_late")
 
 
@@ -479,3 +483,25 @@ def _elsewhere(op: Operation):
         reason=f"target {op.target!r} is not a simulated articles service on {HOST}; "
         "a person must check it"
     )
+
+
+def demo_articles_port() -> int:
+    """The port of the articles service the running demo serves: DEMO_ARTICLES_PORT, else
+    the desk's port + DEMO_ARTICLES_PORT_OFFSET. The seed targets it, the demo serves it."""
+    import os
+
+    from django.conf import settings
+
+    named = os.environ.get("DEMO_ARTICLES_PORT", "").strip()
+    if named:
+        if not named.isdigit() or not 0 < int(named) < 65536:
+            raise ValueError(f"expected DEMO_ARTICLES_PORT to be a port (1-65535), found "
+                             f"{named!r}")
+        return int(named)
+    desk_port = urlsplit(settings.LEDGER_DESK_URL).port or 8000
+    return desk_port + DEMO_ARTICLES_PORT_OFFSET
+
+
+def demo_articles_url() -> str:
+    """The articles URL of the service the running demo serves (`demo_articles_port`)."""
+    return f"http://{HOST}:{demo_articles_port()}/articles"

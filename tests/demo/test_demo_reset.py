@@ -13,14 +13,19 @@ import pytest
 from django.db import connection
 
 from ledger import receipts
-from ledger.models import Operation
+from ledger.models import Operation, Run
 from tests.support.processes import ROOT, child_env
+from tests.support.servers import free_port
 
 
 def manage(*args: str, database: str, **env: str) -> subprocess.CompletedProcess:
+    # The desk and the articles service of a demo that is not running: free ports (another
+    # server on this machine's 8000 is no demo of this test's).
+    ports = {"LEDGER_DESK_URL": f"http://127.0.0.1:{free_port()}",
+             "DEMO_ARTICLES_PORT": str(free_port())}
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
-        timeout=600, env={**child_env(), "LEDGER_DATABASE_NAME": database, **env})
+        timeout=600, env={**child_env(), **ports, "LEDGER_DATABASE_NAME": database, **env})
 
 
 def server(dbname: str = "postgres") -> psycopg.Connection:
@@ -38,6 +43,30 @@ def test_reset_refuses_a_database_with_operations_and_no_demo_run():
     assert done.returncode != 0
     assert "found operations and no demo run; --reset --force drops it anyway" in done.stderr
     assert Operation.objects.count() == 1  # nothing dropped
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reset_while_the_demo_runs_is_refused_in_one_sentence_and_drops_nothing():
+    """The running demo's desk answers on its port and its processes hold sessions: the
+    reset says to stop the demo first, without a traceback, and the database stays."""
+    import socket
+
+    from tests.factories import RunFactory
+
+    RunFactory(run_id="demo-newsroom")  # the demo's database, so only the running demo stops it
+    with socket.socket() as desk:
+        desk.bind(("127.0.0.1", 0))
+        desk.listen()
+        port = desk.getsockname()[1]
+        done = manage("demo_seed", "--reset", database=connection.settings_dict["NAME"],
+                      LEDGER_DESK_URL=f"http://127.0.0.1:{port}")
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("CommandError: The demo is running (the desk answers on "
+                           f"127.0.0.1:{port}"), line
+    assert "stop it first (Ctrl-C where `make demo` runs)" in line
+    assert Run.objects.filter(run_id="demo-newsroom").exists()  # nothing dropped
 
 
 def test_reset_is_refused_in_production():

@@ -92,7 +92,11 @@ def test_the_catcher_refuses_a_wrong_signature_and_escapes_what_it_lists(client)
                                                                               stamp, body)})
     assert good.status_code == 200
     client.force_login(UserFactory(username="viewer", role="viewer"))
-    assert client.get(url).status_code == 403  # what arrived names every tenant's items
+    with assert_no_log_records("django.request"):
+        refused = client.get(url)
+    assert refused.status_code == 403  # what arrived names every tenant's items
+    assert "The webhook catcher is for admins only" in refused.content.decode()
+    assert "&lt;b&gt;t&lt;/b&gt;" not in refused.content.decode()
     client.force_login(UserFactory(username="admin-1", role="admin"))
     page = client.get(url).content.decode()
     assert "&lt;b&gt;t&lt;/b&gt;" in page and "<b>t</b>" not in page
@@ -112,3 +116,23 @@ def test_without_the_demo_secret_there_is_no_catcher_and_no_channel(client, sett
 def test_the_anonymous_get_of_the_catcher_goes_to_the_login(client, db):
     response = client.get(reverse("demo:webhook_catcher"))
     assert response.status_code == 302 and "/accounts/login/" in response.url
+
+
+class assert_no_log_records:
+    """Fails when `name` (or a child) logs a traceback: a refusal the page explains needs
+    none in the server's log (Django's one-line "Forbidden: /path" is fine)."""
+
+    def __init__(self, name: str):
+        import logging
+
+        self.logger, self.records = logging.getLogger(name), []
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append
+
+    def __enter__(self):
+        self.logger.addHandler(self.handler)
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        traced = [r.getMessage() for r in self.records if r.exc_info]
+        assert traced == [], f"expected no traceback logged, found one for {traced}"

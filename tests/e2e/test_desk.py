@@ -2,6 +2,7 @@
 
 import pytest
 
+from ledger import receipts
 from ledger.models import Operation
 from ledger.states import State
 from tests.e2e.conftest import log_in, screenshot
@@ -59,6 +60,19 @@ def test_reviewer_filters_opens_reads_evidence_resolves_and_finds_it_audited(bro
     page.locator("#decision >> text=Recorded: Mark succeeded").wait_for()
     assert page.locator("button[name=to_state]").count() == 0
     assert Operation.objects.get(pk=op.pk).external_id == "article-88"
+    # The receipt says in words how it was settled, and by whom.
+    assert page.locator("#external-id").inner_text() == "article-88"
+    assert "Succeeded by reviewer, a person, on the desk" in page.locator("#settled").inner_text()
+
+    # One its agent settled: the stored result (redacted like the intent), its id, in words.
+    by_agent = OperationFactory(state=State.SUBMITTED)
+    receipts.mark_succeeded(by_agent, external_id="article-7",
+                            result={"id": "article-7", "token": "sk-live-e2e-secret"})
+    page.goto(f"/operations/{by_agent.operation_id}/")
+    assert '"id": "article-7"' in page.locator("#result").inner_text()
+    assert "sk-live-e2e-secret" not in page.content()
+    assert "Succeeded by its agent" in page.locator("#settled").inner_text()
+    assert "No reconciler has looked" not in page.locator("#evidence").inner_text()
 
     page.goto("/")
     assert page.locator(f"text={op.operation_id}").count() == 0

@@ -46,6 +46,13 @@ def test_approving_on_the_desk_lets_the_waiting_agent_send(browser_page):
     page.locator(f"text={op.operation_id}").click()
     page.wait_for_url(f"**/operations/{op.operation_id}/")
     assert "invoice 7 from ACME" in page.locator("#approval").inner_text()
+    # The Approval panel is the decision: no "No decision is open: planned is settled."
+    # beside it, and the receipt spans the page (no empty column next to it).
+    assert page.locator("#decide").count() == 0
+    assert "is settled" not in page.locator("#decision").inner_text()
+    widths = page.evaluate("() => [document.querySelector('.panel-receipt').offsetWidth, "
+                           "document.querySelector('#approval').offsetWidth]")
+    assert widths[0] == widths[1], widths
     page.fill("#id_approval_reason", "invoice matches the order")
     page.click("button[name=action][value=approve]")
     page.locator("#decision >> text=Recorded: Approve").wait_for()

@@ -24,6 +24,21 @@ def roles(transactional_db):
     ensure_roles()
 
 
+# The contrast ratio (WCAG) of an element's text colour against its background colour.
+CONTRAST_JS = """selector => {
+    const style = getComputedStyle(document.querySelector(selector));
+    const lum = css => {
+        const [r, g, b] = css.match(/[\\d.]+/g).slice(0, 3).map(Number).map(v => {
+            v /= 255;
+            return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+        });
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    const [a, b] = [lum(style.color), lum(style.backgroundColor)].sort((x, y) => y - x);
+    return (a + 0.05) / (b + 0.05);
+}"""
+
+
 def active(page, expression: str):
     return page.evaluate(f"() => {{ const el = document.activeElement; return {expression}; }}")
 
@@ -72,6 +87,8 @@ def test_keyboard_only_from_the_first_row_to_a_settled_item_and_the_next(browser
     page.wait_for_function("() => document.activeElement.hasAttribute('data-next')",
                            timeout=5000)
     assert "Keep claim" not in page.locator("#decision").inner_text()
+    # Its n keycap reads on the focused (primary) button: dark on light, not white on white.
+    assert page.evaluate(CONTRAST_JS, "a[data-next] kbd") >= 4.5
     page.keyboard.press("Enter")
     page.wait_for_url(f"**/operations/{second.operation_id}/?operation=crm.update&order=oldest")
     # n from there: nothing else waits in this view; back to the filtered queue.
@@ -146,6 +163,10 @@ def test_a_bulk_decision_takes_the_decided_rows_out_and_refreshes_the_counts(bro
     expect(page.locator("table.queue tbody tr")).to_have_count(2)
     assert page.locator("input[name=items]:checked").count() == 0
     expect(page.locator("[data-count=outcome_unknown]")).to_have_text("2")
+    # One's own decision is no news: no "The queue changed since you loaded it".
+    page.wait_for_function("() => document.querySelector('#queue-fresh')"
+                           ".hasAttribute('data-own')", timeout=5000)
+    assert page.locator("#queue-fresh").inner_text() == ""
     screenshot(page, "bulk-after")
     assert page.console_errors == []
 

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from demo import notifications as demo_notifications
-from ledger import approvals, claims, notifications
+from ledger import approvals, claims, notifications, reconcile
 from ledger.states import State
 from tests.e2e.conftest import log_in, screenshot
 from tests.factories import OperationFactory, UserFactory, ensure_roles
@@ -16,6 +16,20 @@ from tests.review.execution_setup import busy_run, make_conflict, make_overdue
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"width": 390, "height": 844}
+# The laptop and desktop widths every desk page fits too, beside the phone's.
+DESKTOP_WIDTHS = (1024, 1280, 1440)
+# A link or label of the top bar that wraps ("Audit / log", "Log / out"): its text takes
+# more than one line box.
+WRAPPED_NAV_JS = """() => [...document.querySelectorAll(
+        '.topbar .brand, .mainnav a, .whoami button, .whoami > span')]
+    .filter(el => {
+        const range = document.createRange();
+        range.selectNodeContents(el);
+        const rects = [...range.getClientRects()].filter(r => r.width > 0);
+        // a rect wholly below another starts a second line (a smaller badge beside the
+        // text is on the same line: the two overlap vertically)
+        return rects.some(a => rects.some(b => a.top >= b.bottom - 1));
+    }).map(el => el.textContent.trim())"""
 
 
 @pytest.fixture(autouse=True)
@@ -223,6 +237,23 @@ def test_at_phone_width_no_page_scrolls_sideways(chromium, live_server, notified
         assert {path: [t for t in found if t] for path, found in tables.items()
                 if any(found)} == {}
         assert {path: w for path, w in widths.items() if w > PHONE["width"]} == {}
+        # The same pages at laptop and desktop widths: no sideways scrolling, and the top
+        # navigation never breaks a link over two lines.
+        wide, wrapped = {}, {}
+        for width in DESKTOP_WIDTHS:
+            page.set_viewport_size({"width": width, "height": 860})
+            for path in pages:
+                page.goto(path)
+                found = page.evaluate("document.documentElement.scrollWidth")
+                if found > width:
+                    wide[(width, path)] = found
+                broken = page.evaluate(WRAPPED_NAV_JS)
+                if broken:
+                    wrapped[(width, path)] = broken
+            page.goto("/")
+            screenshot(page, f"queue-{width}")
+        assert wide == {}, f"expected every page to fit its width, found {wide}"
+        assert wrapped == {}, f"expected no top-bar link over two lines, found {wrapped}"
     finally:
         context.close()
 
@@ -242,10 +273,19 @@ def test_the_skip_link_comes_first_on_every_desk_page(browser_page, notified):
     assert page.console_errors == []
 
 
+@reconcile.register("e2e.not_yet")
+class NotYetReconciler(reconcile.Reconciler):
+    """Sees nothing yet: a pass moves an operation outcome_unknown -> reconciling ->
+    outcome_unknown, two versions on, and every decision stays open."""
+
+    def lookup(self, op):
+        return reconcile.NotYet({"seen": "nothing yet"})
+
+
 def test_an_item_is_resolved_with_the_keyboard_alone(browser_page):
     page = browser_page
     UserFactory(username="reviewer", role="reviewer")
-    op = OperationFactory(state=State.MANUAL_REVIEW)
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN, operation="e2e.not_yet")
     log_in(page, "reviewer")
     page.keyboard.press("j")
     page.keyboard.press("o")
@@ -253,16 +293,34 @@ def test_an_item_is_resolved_with_the_keyboard_alone(browser_page):
     # a chooses Abandon and moves to the reason; Tab to the chosen button and Enter decides
     page.keyboard.press("a")
     assert page.evaluate("document.activeElement.id") == "id_reason"
-    page.keyboard.type("Checked the CMS: never created; the agent gave up")
+    reason = "Checked the CMS: never created; the agent gave up"
+    page.keyboard.type(reason)
+    # Meanwhile the reconciler looks and sees nothing yet: the version moves on, the
+    # state (and so the decision) stays as the reviewer saw it.
+    reconcile.run_once(worker="reconcile-e2e")
+    op.refresh_from_db()
+    assert (op.state, op.version) == (State.OUTCOME_UNKNOWN, 5), (op.state, op.version)
     for _ in range(6):
         page.keyboard.press("Tab")
         if page.evaluate("document.activeElement.value") == "abandoned":
             break
     assert page.evaluate("document.activeElement.value") == "abandoned"
     page.keyboard.press("Enter")
+    # Not applied, not lost: shown again with the reconciler's move, the reason kept, and
+    # one key to record it on the version now shown.
+    confirm = page.locator("#reconfirm")
+    confirm.wait_for()
+    assert "reconcile-e2e (reconciler) already moved this operation" in confirm.inner_text()
+    assert page.input_value("#id_reason") == reason
+    page.wait_for_function("() => document.activeElement.hasAttribute('data-confirm')",
+                           timeout=5000)
+    op.refresh_from_db()
+    assert op.state == State.OUTCOME_UNKNOWN
+    page.keyboard.press("y")
     page.locator("#decision >> text=Recorded: Abandon").wait_for()
     op.refresh_from_db()
     assert op.state == State.ABANDONED
+    assert op.events.order_by("-version").first().reason == reason
     # focus is put back when htmx settles the swap, a moment after the new text shows
     page.wait_for_function("() => document.activeElement !== document.body", timeout=5000)
 

@@ -125,8 +125,10 @@ def test_a_stale_form_is_told_who_settled_it_first(client, reviewer):
     alice.force_login(UserFactory(username="alice", role="reviewer"))
     acknowledge(alice, first, reason="alice checked the CMS")
     client.force_login(reviewer)
-    response = acknowledge(client, second, version=second.version)
-    page = client.get(response["Location"]).content.decode()
+    response = acknowledge(client, second, version=second.version, reason="my own check")
+    assert response.status_code == 409  # re-rendered: the reason typed is kept
+    page = response.content.decode()
+    assert "Your reason, not recorded: “my own check”" in page  # no form left to keep it
     assert ("Nothing recorded: alice (human) already changed the conflict flag of this "
             "operation") in page
     assert "alice checked the CMS" in page and "no longer flagged" in page

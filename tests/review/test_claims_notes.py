@@ -254,3 +254,45 @@ def test_timeline_and_audit_times_are_relative_with_the_absolute_utc(client, ada
     audit = client.get(reverse("review:audit")).content.decode()
     event = waiting.events.order_by("version").last().created_at.astimezone(UTC)
     assert f'<time datetime="{event.isoformat()}"' in audit
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_pauses_the_reconciler_which_says_so_and_resumes_once_released():
+    """The reconciler, logged in as its own role in a child process, leaves a claimed
+    outcome_unknown operation alone, logs why, and takes it once the claim is released;
+    the operation's page says the pause is on while the claim lasts."""
+    from django.test import Client
+
+    from tests.conftest import TEST_LOGINS
+    from tests.support.processes import run_as
+
+    ada = UserFactory(username="ada", role="reviewer")
+    claimed = OperationFactory(state=State.OUTCOME_UNKNOWN, operation="nobody.reconciles")
+    claims.claim(claimed, user=ada)
+    client = Client()
+    client.force_login(ada)
+    page = client.get(page_of(claimed)).content.decode()
+    assert "Automatic reconciliation is paused" in page and "until ada releases" in page
+
+    pass_once = """
+import io, logging
+from ledger import reconcile
+log = io.StringIO()
+handler = logging.StreamHandler(log)
+logging.getLogger("ledger.reconcile").addHandler(handler)
+taken = reconcile.claim_next(worker="desk-test")
+reconcile._log_paused("desk-test")
+reconcile._log_paused("desk-test")  # said once per claim, not once per pass
+result = {"taken": taken and taken.operation.operation_id, "log": log.getvalue()}
+"""
+    paused = run_as(TEST_LOGINS["reconciler"], pass_once)
+    assert paused["taken"] is None, f"expected the claimed operation skipped, found {paused}"
+    assert paused["log"].count(claimed.operation_id) == 1, paused["log"]
+    assert "claimed by ada" in paused["log"] and "paused" in paused["log"]
+    claimed.refresh_from_db()
+    assert claimed.state == State.OUTCOME_UNKNOWN
+
+    claims.release(claimed, user=ada)
+    resumed = run_as(TEST_LOGINS["reconciler"], pass_once)
+    assert resumed["taken"] == claimed.operation_id, resumed
+    assert resumed["log"] == ""

@@ -121,3 +121,24 @@ def test_htmx_request_gets_only_the_decision_fragment(client, reviewer):
     client.force_login(reviewer)
     body = client.get(url(op), headers={"HX-Request": "true"}).content.decode()
     assert body.lstrip().startswith('<section id="decision"') and "<html" not in body
+
+
+@pytest.mark.django_db
+def test_a_settled_operation_shows_its_result_redacted_and_says_how_it_was_settled(
+        client, reviewer, django_assert_num_queries):
+    from ledger import receipts
+
+    op = OperationFactory(state=State.SUBMITTED)
+    receipts.mark_succeeded(op, external_id="article-77",
+                            result={"id": "article-77", "api_key": "sk-live-secret-123"})
+    client.force_login(reviewer)
+    with django_assert_num_queries(12):  # as any settled one: no claim to read
+        page = client.get(url(op)).content.decode()
+    result = page[page.index('id="result"'):]
+    assert "article-77" in result and "sk-live-secret-123" not in page
+    assert "[redacted]" in result
+    assert 'id="external-id">article-77<' in page
+    settled = page[page.index('id="settled"'):][:400]
+    assert "Succeeded by its agent" in settled and "the external system confirmed it" in settled
+    assert "No reconciler has looked at this operation yet." not in page
+    assert "No evidence from a reconciler: succeeded by its agent" in page

@@ -71,13 +71,51 @@ def test_a_stale_form_is_told_who_decided_first_and_nothing_is_written_twice(cli
     first.force_login(UserFactory(username="alice", role="reviewer"))
     decide(first, op, State.SUCCEEDED, reason="alice found it", version=rendered_version)
     client.force_login(reviewer)
-    response = decide(client, op, State.ABANDONED, version=rendered_version)
-    assert response.status_code == 302
-    page = client.get(response["Location"]).content.decode()
+    response = decide(client, op, State.ABANDONED, reason="my own check",
+                      version=rendered_version)
+    # Re-rendered, not redirected: what the reviewer typed is still in the form.
+    assert response.status_code == 409
+    page = response.content.decode()
     assert "Nothing recorded: alice (human) already moved this operation" in page
     assert "alice found it" in page
+    assert 'id="reconfirm"' not in page  # succeeded: no decision is open any more
+    assert "Your reason, not recorded: “my own check”" in page  # and no form to keep it
     op.refresh_from_db()
     assert op.state == State.SUCCEEDED and len(human_events(op)) == 1
+
+
+@pytest.mark.django_db
+def test_a_decision_still_open_after_other_moves_is_offered_again_with_the_reason(
+        client, reviewer):
+    """The reconciler looked meanwhile (outcome_unknown -> reconciling -> outcome_unknown):
+    nothing is applied, the decision is offered again on the new version, reason kept."""
+    from ledger import reconcile
+
+    op = OperationFactory(state=State.OUTCOME_UNKNOWN, operation="nobody.reconciles.this")
+    seen = op.version
+    claimed = reconcile.claim_next(worker="reconcile-test")
+    assert claimed.operation.pk == op.pk
+    reconcile.settle(claimed, reconcile.Outcome(verdict=reconcile.ERROR, reconciler="t",
+                                                query={}, observed={}, detail="flaky"))
+    op.refresh_from_db()
+    assert (op.state, op.version) == (State.OUTCOME_UNKNOWN, seen + 2)
+    client.force_login(reviewer)
+    response = client.post(resolve_url(op), {"to_state": State.ABANDONED, "version": seen,
+                                              "reason": "never created: checked the CMS"},
+                           headers={"HX-Request": "true"})
+    assert response.status_code == 409
+    body = response.content.decode()
+    assert 'id="reconfirm"' in body and "reconcile-test (reconciler) already moved" in body
+    assert ">never created: checked the CMS</textarea>" in body
+    assert f'<input type="hidden" name="version" value="{seen + 2}">' in body
+    assert 'value="abandoned" class="btn btn-abandoned" data-confirm' in body
+    op.refresh_from_db()
+    assert op.state == State.OUTCOME_UNKNOWN and human_events(op) == []
+    # The one key: the same decision, on the version now shown.
+    decide(client, op, State.ABANDONED, reason="never created: checked the CMS")
+    op.refresh_from_db()
+    assert op.state == State.ABANDONED
+    assert human_events(op)[0].reason == "never created: checked the CMS"
 
 
 @pytest.mark.django_db
@@ -136,8 +174,9 @@ def test_reviewer_cannot_override_a_never_retry_policy_but_an_admin_can(client, 
 def test_deciding_on_a_settled_operation_says_so(client, reviewer):
     op = OperationFactory(state=State.SUCCEEDED)
     client.force_login(reviewer)
-    response = decide(client, op, State.ABANDONED)
-    page = client.get(response["Location"]).content.decode()
+    response = decide(client, op, State.ABANDONED, reason="typed before it settled")
+    assert response.status_code == 409
+    page = response.content.decode()
     assert "Nothing recorded: expected operation" in page
     op.refresh_from_db()
     assert op.state == State.SUCCEEDED

@@ -71,5 +71,6 @@ def test_the_proposer_cannot_complete_it_on_the_desk(stuck_payment):
 def test_a_decision_on_a_stale_page_records_nothing(stuck_payment):
     op, ada = stuck_payment, logged_in("ada")
     page = decide(ada, op, State.SUCCEEDED, version=op.version - 1).content.decode()
-    assert "Nothing recorded" in page
+    # still open: offered again for one-key confirmation, nothing recorded (no proposal)
+    assert "Not recorded yet" in page and "data-confirm" in page
     assert not ResolutionProposal.objects.exists()

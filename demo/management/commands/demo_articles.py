@@ -5,9 +5,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from demo.simulated.articles import HOST, ArticlesService
-
-DEFAULT_PORT = 8765
+from demo.simulated.articles import HOST, ArticlesService, demo_articles_port
 
 
 class Command(BaseCommand):
@@ -16,10 +14,16 @@ class Command(BaseCommand):
             "Its articles live in memory: a restart forgets them.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                            help=f"port on {HOST} (default {DEFAULT_PORT})")
+        parser.add_argument("--port", type=int, default=None,
+                            help=f"port on {HOST} (default: DEMO_ARTICLES_PORT, else the "
+                                 "desk's port in LEDGER_DESK_URL + 765: 8765 beside 8000)")
 
     def handle(self, *args, port, **options):
+        if port is None:
+            try:
+                port = demo_articles_port()
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
         if not 0 < port < 65536:
             raise CommandError(f"expected --port between 1 and 65535, found {port}")
         stop = threading.Event()

@@ -70,6 +70,11 @@ class Command(BaseCommand):
             raise CommandError(
                 f'expected database "{name}" to hold the demo (runs demo-*), found operations '
                 "and no demo run; --reset --force drops it anyway")
+        running = demo_running(name)
+        if running:
+            raise CommandError(
+                f"The demo is running ({running}): stop it first (Ctrl-C where `make demo` "
+                "runs), then run `make demo-reset` again.")
         from config.database import create_database, drop_database
 
         connections.close_all()
@@ -77,6 +82,36 @@ class Command(BaseCommand):
         create_database(settings_dict)
         self.stdout.write(f'Database "{name}" dropped and created again; migrating.')
         call_command("migrate", interactive=False, verbosity=0)
+
+
+def demo_running(database: str) -> str:
+    """What shows the demo running, in words ("" when nothing does): its desk or its
+    articles service answering on their ports, or other sessions on its database. A reset
+    then would cut the running processes off mid-query (each would print its traceback)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from demo.simulated.articles import HOST, demo_articles_port
+
+    signs = []
+    desk = urlsplit(settings.LEDGER_DESK_URL)
+    for what, host, port in [("the desk", desk.hostname or HOST, desk.port or 80),
+                             ("its articles service", HOST, demo_articles_port())]:
+        with socket.socket() as probe:
+            probe.settimeout(0.5)
+            if probe.connect_ex((host, port)) == 0:
+                signs.append(f"{what} answers on {host}:{port}")
+    try:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                           "AND pid <> pg_backend_pid()", [database])
+            others = cursor.fetchone()[0]
+    except DatabaseError:  # no database yet: nobody is on it
+        others = 0
+    if others:
+        signs.append(f"{others} other session{'s' if others != 1 else ''} on database "
+                     f'"{database}"')
+    return "; ".join(signs)
 
 
 def banner(url: str) -> str:

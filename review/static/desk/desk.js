@@ -6,6 +6,8 @@
  *   s / r / a  on an operation: choose "Mark succeeded", "Safe to retry" or "Abandon"
  *              and move to the reason; Ctrl+Enter there records the chosen decision
  *   n          on an operation: the next item of the queue (same filter)
+ *   y          on an operation whose decision was refused as stale but is still open:
+ *              record it (the reason kept) on the version now shown
  *   ?          this help; Escape closes it
  *
  * Keys are ignored while typing in a field or with Ctrl/Alt/Meta held (but Ctrl+Enter in
@@ -148,6 +150,13 @@
           choose(button);
         }
         break;
+      case "y":
+        var confirm = document.querySelector("#decision button[data-confirm]");
+        if (confirm) {
+          event.preventDefault();
+          confirm.click();
+        }
+        break;
       case "n":
         var next = document.querySelector("a[data-next]");
         if (next) {
@@ -227,6 +236,16 @@
     }
   });
 
+  // A decision refused as stale but still open: its confirm button takes the focus, so
+  // Enter (or y) records it; the reason stays in its field.
+  document.addEventListener("htmx:afterSettle", function () {
+    var confirm = document.querySelector("#decision button[data-confirm]");
+    if (confirm && !confirm.hasAttribute("data-focused")) {
+      confirm.setAttribute("data-focused", "true");
+      confirm.focus();
+    }
+  });
+
   // A bulk decision: the decided rows leave the list, nothing stays ticked, the counts
   // are asked again (the queue's "changed" notice then offers the fresh rows).
   document.addEventListener("htmx:afterSettle", function (event) {
@@ -247,7 +266,35 @@
     var reason = document.querySelector("#bulk-form input[name=reason]");
     if (reason) { reason.value = ""; }
     var poll = document.getElementById("queue-poll");
-    if (poll && window.htmx) { window.htmx.trigger(poll, "refresh"); }
+    if (poll && window.htmx) {
+      ownDecision = true;
+      window.htmx.trigger(poll, "refresh");
+    }
+  });
+
+  // The counts asked again after one's own bulk decision changed only by it (no new
+  // items): that is no news, so no "The queue changed since you loaded it"; the poll
+  // compares with the queue as it is now from then on.
+  var ownDecision = false, ownSeen = null;
+  document.addEventListener("htmx:configRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (!ownSeen || !elt || elt.id !== "queue-poll") { return; }
+    var url = new URL(event.detail.path, window.location.href);
+    url.searchParams.set("seen", ownSeen);
+    event.detail.path = url.pathname + url.search;
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var config = event.detail && event.detail.requestConfig;
+    if (!ownDecision || !config || !config.elt || config.elt.id !== "queue-poll") { return; }
+    var fresh = document.getElementById("queue-fresh");
+    if (!fresh) { return; }
+    ownDecision = false;
+    if (fresh.getAttribute("data-new") === "0") {
+      ownSeen = fresh.getAttribute("data-signature");
+      fresh.removeAttribute("data-changed");
+      fresh.setAttribute("data-own", "true");
+      fresh.textContent = "";
+    }
   });
 
   // A note that was recorded leaves its form empty for the next one.
