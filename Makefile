@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reset test test-ts docs install migrate roles lint bench serve db-stop clean
+.PHONY: demo demo-reset test test-ts docs docs-serve install migrate roles lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -62,6 +62,14 @@ serve: migrate
 # The documentation site, offline and strict (a broken link or anchor fails), into site/.
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The site built, then served on http://127.0.0.1:$(DOCS_PORT) (Ctrl-C stops it). Opened from
+# files (site/index.html) every page reads, but the search cannot load its index: browsers
+# refuse file:// fetches.
+DOCS_PORT ?= 8001
+docs-serve: docs
+	@echo "the documentation on http://127.0.0.1:$(DOCS_PORT)/"
+	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory site
 
 # Migrations first: a model, or the transition table behind the operations trigger
 # (ledger/states.py), changed without its migration fails here. The documentation site is
