@@ -138,6 +138,7 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
                                   "STALE_SUBMISSION_SECONDS": 600, "IN_FLIGHT_SECONDS": 60,
                                   "RECONCILER_MODULES": [],
                                   "DESK_URL": "http://127.0.0.1:8000", "WEBHOOK_SECRETS": {},
+                                  "AUDIT_SIGNING_KEY": "", "UNKNOWN_OUTCOME_POLICIES": {},
                                   "WEBHOOK_ALLOW_PRIVATE": False,
                                   "NOTIFY_ITEMS_PER_MESSAGE": 20, "NOTIFY_MAX_ATTEMPTS": 8,
                                   "NOTIFY_BACKOFF_SECONDS": 30,

@@ -99,8 +99,9 @@ def test_http_agent_counts_a_refused_submission_and_sends_nothing(api_server, ma
         ledger.close()
 
     assert service.side_effects() == []
-    assert list(errors.counts) == ["OutcomeUnknown"]
-    assert "expected" in errors.examples[0] and "found submitted" in errors.examples[0]
+    # another caller is sending it: "in flight", never "outcome unknown"
+    assert list(errors.counts) == ["409 idempotency-in-flight"]
+    assert "expected" in errors.examples[0] and "found it submitted" in errors.examples[0]
 
 
 class AnswerCutter:

@@ -25,8 +25,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def url(name: str) -> str:
+    """libpq's connection string of `name` on the test's server: key=value, so that a
+    socket directory (the embedded server's host) needs no escaping."""
+    from psycopg.conninfo import make_conninfo
+
     db = connection.settings_dict
-    return f"postgresql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
+    return make_conninfo(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432,
+                         user=db["USER"], dbname=name)
 
 
 def manage(database: str, *args: str) -> subprocess.CompletedProcess:
