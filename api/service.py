@@ -186,7 +186,8 @@ def in_flight(op: Operation, *, recorded: dict[str, Any] | None = None) -> InFli
     exc = InFlight(
         f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
         f"planned or safe_to_retry to send it, found it submitted since "
-        f"{shapes.iso(op.submitted_at)}: another caller is sending it now; it is not sent "
+        f"{shapes.iso(op.submitted_at)}: another caller is sending it now (or stopped "
+        f"before reporting; the sweep then hands it to reconciliation); it is not sent "
         f"again, ask again in {IN_FLIGHT_RETRY_AFTER:g} s for its outcome",
         operation=op, retry_after=IN_FLIGHT_RETRY_AFTER)
     if recorded is not None:
