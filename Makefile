@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reset test test-ts docs docs-serve install migrate roles lint bench serve db-stop clean
+.PHONY: demo demo-reset test test-ts docs docs-serve screenshots install migrate roles lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -70,6 +70,10 @@ DOCS_PORT ?= 8001
 docs-serve: docs
 	@echo "the documentation on http://127.0.0.1:$(DOCS_PORT)/"
 	$(PY) -m http.server $(DOCS_PORT) --bind 127.0.0.1 --directory site
+
+# The desk's screenshots on the docs site, taken again of the real desk in Chromium.
+screenshots: install
+	LEDGER_UPDATE_SCREENSHOTS=1 $(PY) -m pytest -q tests/e2e/test_docs_screenshots.py
 
 # Migrations first: a model, or the transition table behind the operations trigger
 # (ledger/states.py), changed without its migration fails here. The documentation site is
