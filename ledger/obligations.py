@@ -51,8 +51,8 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     The same key naming another run or kind raises IdempotencyKeyReused. Once the run is
     leased, StaleFencingToken unless `fencing_token` is the lease's current token (none, or
     an older one, is refused); a run never leased takes obligations without a token. The
-    token is written with the row as `opened_token`, which PostgreSQL checks too
-    (obligation_opened_fenced).
+    token is written with the row as `opened_token`, which PostgreSQL checks
+    (obligation_opened_fenced; for a call without a token it is the only check).
     """
     check_run_ref(run)
     check_identifier(kind, "kind", 200)
@@ -61,7 +61,11 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     check_fencing_token(fencing_token)
     run = runs.as_run(run)
     with leases.refused_as_stale(), transaction.atomic(durable=True):
-        leases.check_run(run.pk, fencing_token)
+        if fencing_token is not None:
+            leases.check_run(run.pk, fencing_token)
+        # Without a token, the INSERT below is the check (a round trip less on a run never
+        # leased): obligation_opened_fenced refuses it on a leased run, even when the key
+        # exists (its BEFORE INSERT runs before ON CONFLICT), as StaleFencingToken.
         # ON CONFLICT DO NOTHING: a concurrent opener of the same key reads the winner's row.
         # The token is written with it: PostgreSQL checks it too (obligation_opened_fenced).
         Obligation.objects.bulk_create(
