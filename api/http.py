@@ -327,6 +327,8 @@ def start_run(request, body: RunIn):
           summary="Add a step (idempotent), depending on steps already added")
 def add_step(request, run_id: str = _path(100), *, body: StepIn,
              tenant: str | None = _tenant_query()):
+    """Once the run is leased, only with its lease's current `fencing_token`: none, or an
+    older one, is 409 stale-fencing-token and adds nothing."""
     return service.add_step(request.auth, run_id, tenant=tenant, **body.dict())
 
 

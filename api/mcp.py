@@ -341,6 +341,25 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
                            run_id=run_id)
 
     @server.tool(
+        name="run_add_step",
+        description="Add a step to a run (adding it again returns it), depending on steps "
+        "already added. Once the run is leased (run_resume), pass its fencing_token: a "
+        "step added without it, or with an older one, is refused (stale fencing token).",
+    )
+    async def run_add_step(
+        ctx: Context,
+        run_id: Text,
+        step_id: Text,
+        depends_on: Annotated[list[str] | None, Field(
+            default=None, description="The step_ids it depends on, added before it.")] = None,
+        fencing_token: FencingToken = None,
+        tenant: Tenant = None,
+    ) -> dict[str, Any]:
+        return await _call(ctx, service.add_step, run_id, step_id=step_id,
+                           depends_on=depends_on or [], tenant=tenant,
+                           fencing_token=fencing_token)
+
+    @server.tool(
         name="run_resume",
         description="Take over a run (after a crash, or to continue it) and read where it "
         "stands from the record: steps, open operations, pending obligations, facts. "

@@ -185,6 +185,7 @@ class RunIn(Schema):
 class StepIn(Schema):
     step_id: Name(100)
     depends_on: list[Name(100)] = Field(default_factory=list)
+    fencing_token: TokenNumber | None = _token()
 
 
 class ResumeIn(Schema):

@@ -346,10 +346,12 @@ def start_run(
 
 def add_step(
     key: AgentKey, run_id: str, *, step_id: str, depends_on: list[str] | None = None,
-    tenant: str | None = None,
+    tenant: str | None = None, fencing_token: int | None = None,
 ) -> dict[str, Any]:
+    """Once the run is leased, only under the lease's current token (StaleFencingToken)."""
     run = run_of(key, run_id, tenant)
-    step = runs.add_step(run, step_id, depends_on=depends_on or ())
+    step = runs.add_step(run, step_id, depends_on=depends_on or (),
+                         fencing_token=fencing_token)
     return shapes.step(step, run=run, depends_on=depends_on or ())
 
 

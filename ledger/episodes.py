@@ -32,9 +32,11 @@ def record(
 
     Give `content`, `content_ref` (where the full text is stored), or both. Credentials
     in either (`Bearer` values, `password=`, signed-URL parameters...) are masked before
-    they are stored. With `fencing_token`, StaleFencingToken unless it is the run lease's
-    current token (PostgreSQL checks the token written with the episode too,
-    `episode_fenced`): a worker whose lease was taken over records nothing.
+    they are stored. Once the run is leased, StaleFencingToken unless `fencing_token` is
+    the lease's current token (none, or an older one, is refused: a worker whose lease was
+    taken over records nothing); a run never leased takes episodes without a token.
+    PostgreSQL checks the token written with the episode (`episode_fenced`; for a call
+    without a token it is the only check).
     """
     check_run_ref(run)
     check_fencing_token(fencing_token)
@@ -54,6 +56,8 @@ def record(
     with leases.refused_as_stale(), transaction.atomic(durable=True):
         if fencing_token is not None:
             leases.check_run(run.pk, fencing_token)
+        # Without a token, the INSERT is the check (a round trip less on a run never leased):
+        # episode_fenced refuses it on a leased run, as StaleFencingToken.
         return Episode.objects.create(
             run=run, tenant=run.tenant, role=role, content_ref=content_ref.strip(),
             fencing_token=fencing_token,

@@ -110,7 +110,8 @@ def check(resource: str, token: int) -> None:
 
 
 def check_run(run_pk: int, token: int | None) -> None:
-    """The fence of every agent write to a run's operations, obligations, steps and facts.
+    """The fence of every agent write to a run's operations, obligations, steps, facts and
+    episodes.
 
     Once the run's lease `run:<tenant>:<run_id>` exists (taken by `runs.resume` or `acquire`, held,
     expired or released), the write must carry its current token: none, or an older one,
@@ -141,8 +142,9 @@ def check_run(run_pk: int, token: int | None) -> None:
 
 @contextmanager
 def refused_as_stale() -> Iterator[None]:
-    """PostgreSQL's own fence of a leased run's steps, obligations and facts (the triggers
-    `step_fenced`, `obligation_fenced`, `fact_fenced`) refusing a write, as
+    """PostgreSQL's own fence of a leased run's steps, obligations, facts and episodes (the
+    triggers `step_fenced`, `step_added_fenced`, `obligation_fenced`,
+    `obligation_opened_fenced`, `fact_fenced`, `episode_fenced`) refusing a write, as
     StaleFencingToken with the current token: what `check_run` raises before it, should a
     write reach the database without passing it."""
     try:
@@ -171,7 +173,8 @@ def _raise_stale(resource: str, token: int | None, *, owner: str | None = None,
         raise StaleFencingToken(
             f"expected the current fencing token ({current}) of {resource} on a write to "
             f"its run, found none: once a run is leased every change to its operations, "
-            "obligations and steps carries the holder's token (runs.resume(...).token)",
+            "obligations, steps, facts and episodes carries the holder's token "
+            "(runs.resume(...).token)",
             current_token=current,
         )
     who = f" held by {owner}" if owner else ""

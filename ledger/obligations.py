@@ -5,10 +5,10 @@ Keys are unique per tenant: `open` is idempotent on the key within the run's ten
 several tenants). `commit` is one compare-and-set (`UPDATE ... WHERE state =
 'open'`), so among any number of concurrent committers exactly one wins; every other gets
 `AlreadyCommitted` carrying the winner's result. A settled obligation never changes: a
-trigger refuses any UPDATE of it, and every DELETE. On a leased run, `commit` and `cancel`
-carry the lease's current fencing token (`ledger.leases.check_run`), which PostgreSQL checks
-too: the settling UPDATE writes it (`obligation_fenced`), and an obligation is only ever
-inserted open.
+trigger refuses any UPDATE of it, and every DELETE. On a leased run, `open`, `commit` and
+`cancel` carry the lease's current fencing token (`ledger.leases.check_run`), which
+PostgreSQL checks too: the INSERT writes it (`obligation_opened_fenced`), the settling
+UPDATE writes it (`obligation_fenced`), and an obligation is only ever inserted open.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     """Open the obligation `key` of `run`; returns it, or the existing one with that key
     whatever its state (the deadline of an existing obligation is left as it was).
 
-    The same key naming another run or kind raises IdempotencyKeyReused. With
-    `fencing_token`, StaleFencingToken unless it is the run lease's current token (written
-    with the row as `opened_token`, which PostgreSQL checks too: obligation_opened_fenced);
-    without one it is not fenced (like `receipts.record_intent`: an open obligation has no
-    effect, its commit is fenced).
+    The same key naming another run or kind raises IdempotencyKeyReused. Once the run is
+    leased, StaleFencingToken unless `fencing_token` is the lease's current token (none, or
+    an older one, is refused); a run never leased takes obligations without a token. The
+    token is written with the row as `opened_token`, which PostgreSQL checks
+    (obligation_opened_fenced; for a call without a token it is the only check).
     """
     check_run_ref(run)
     check_identifier(kind, "kind", 200)
@@ -63,6 +63,9 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     with leases.refused_as_stale(), transaction.atomic(durable=True):
         if fencing_token is not None:
             leases.check_run(run.pk, fencing_token)
+        # Without a token, the INSERT below is the check (a round trip less on a run never
+        # leased): obligation_opened_fenced refuses it on a leased run, even when the key
+        # exists (its BEFORE INSERT runs before ON CONFLICT), as StaleFencingToken.
         # ON CONFLICT DO NOTHING: a concurrent opener of the same key reads the winner's row.
         # The token is written with it: PostgreSQL checks it too (obligation_opened_fenced).
         Obligation.objects.bulk_create(

@@ -5,9 +5,9 @@ is committed ("no shipping before the payment clears"); a trigger refuses anythi
 `resume` hands a run to a new worker: it takes the run's lease `run:<tenant>:<run_id>` (a
 larger fencing token, so writes still carrying the previous worker's token are refused) and
 returns the hand-off view, read from the tables, never from a summary or a transcript.
-Once a run is leased, moving its steps (`start_step`, `commit_step`) takes the lease's
-current token (`leases.check_run`, and PostgreSQL's `step_fenced`, which the token is
-written for); adding one (`add_step`) has no effect and is not fenced.
+Once a run is leased, adding its steps (`add_step`) and moving them (`start_step`,
+`commit_step`) takes the lease's current token (`leases.check_run`, and PostgreSQL's
+`step_added_fenced` and `step_fenced`, which the token is written for).
 """
 
 from __future__ import annotations
@@ -145,18 +145,18 @@ def add_step(run: Run | str, step_id: str, *, depends_on: Iterable[str] = (),
 
     Adding the same step with the same dependencies again returns it; other dependencies
     raise InvalidInput. A dependency must exist before the step that needs it, so steps
-    never depend on each other in a cycle. With `fencing_token`, StaleFencingToken unless
-    it is the run lease's current token (PostgreSQL checks the token written with the step
-    too, `step_added_fenced`); without one it is not fenced (a pending step has no effect,
-    its start and commit are fenced).
+    never depend on each other in a cycle. Once the run is leased, StaleFencingToken
+    unless `fencing_token` is the lease's current token (none, or an older one, is
+    refused: a worker whose lease was taken over adds nothing); a run never leased takes
+    steps without a token. PostgreSQL checks the token written with the step too
+    (`step_added_fenced`).
     """
     check_identifier(step_id, "step_id", 100)
     wanted = check_names(depends_on, "depends_on", 100)
     check_fencing_token(fencing_token)
     run = as_run(run, tenant=tenant)
     with leases.refused_as_stale(), transaction.atomic(durable=True):
-        if fencing_token is not None:
-            leases.check_run(run.pk, fencing_token)
+        leases.check_run(run.pk, fencing_token)
         deps = list(Step.objects.filter(run=run, step_id__in=wanted))
         unknown = sorted(set(wanted) - {d.step_id for d in deps})
         if unknown:

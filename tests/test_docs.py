@@ -105,3 +105,77 @@ def test_a_broken_link_fails_the_build(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "missing.md" in done.stderr
+
+
+# --- pages that name the code: every name they cite exists -----------------------------------
+
+# What the code is made of: where a name the docs cite must be found.
+CODE_DIRS = ("ledger", "api", "config", "review", "clients/python", "clients/typescript/src")
+CODE_SUFFIXES = {".py", ".js", ".sql"}
+# A code identifier in backticks: snake_case, CamelCase or dotted, with "()" allowed after it;
+# plain words (`planned`, `agent`) and anything with a space, a slash or a quote are prose.
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _code_text() -> str:
+    parts = []
+    for top in CODE_DIRS:
+        for path in sorted(Path(ROOT, top).rglob("*")):
+            if path.suffix in CODE_SUFFIXES and "node_modules" not in path.parts:
+                parts.append(path.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+def cited_identifiers(markdown: str) -> set[str]:
+    """The names in backticks (code blocks left out) that look like code identifiers."""
+    prose = re.sub(r"```.*?```", "", markdown, flags=re.S)
+    found = set()
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        name = span.removesuffix("()")
+        if not IDENTIFIER.fullmatch(name):
+            continue
+        if "_" in name or "." in name or re.search(r"[a-z][A-Z]", name):
+            found.add(name)
+    return found
+
+
+def missing_from_code(names: set[str], code: str) -> list[str]:
+    """The names of which some part (split at the dots) is not a whole word of the code."""
+    return sorted(name for name in names
+                  if not all(re.search(rf"(?<![\w]){re.escape(part)}(?![\w])", code)
+                             for part in name.split(".")))
+
+
+def test_the_write_path_page_names_only_what_exists_in_the_code():
+    page = Path(ROOT, "docs", "write-path.md").read_text()
+    names = cited_identifiers(page)
+    # The page is a walk through the code: it names its functions, triggers and SQL.
+    assert {"record_intent", "transitions.by_agent", "CHANGE_OPERATION", "event_chain_columns",
+            "event_fenced", "ledger_seal_events", "AgentKeyAuth.authenticate",
+            "service.record_intent"} <= names
+    assert missing_from_code(names, _code_text()) == []
+
+
+def test_the_name_check_finds_a_name_the_code_lacks():
+    code = "def record_intent(): ...\nCHANGE_OPERATION = 1\n"
+    assert missing_from_code({"record_intent", "receipts.record_intnet", "CHANGE_OPERATION"},
+                             code) == ["receipts.record_intnet"]
+    assert cited_identifiers("`a_b` `planned` `x y` `f()`\n```\n`in_code`\n```") == {"a_b"}
+
+
+def test_the_security_model_lists_each_role_s_writes_as_db_roles_grants_them():
+    from ledger import db_roles
+
+    page = Path(ROOT, "docs", "security-model.md").read_text()
+    section = page.split("## What each role may write", 1)[1].split("\n## ", 1)[0]
+    functions = {name.split("(")[0]: kinds for name, kinds in db_roles.FUNCTIONS.items()}
+    for kind, role in db_roles.ROLE.items():
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{role}`"))
+        may_write = row.split(" | ")[1]
+        named = set(re.findall(r"`(ledger_\w+)`", may_write))
+        assert named & set(db_roles.LEDGER_WRITES) == {
+            table for table, writers in db_roles.LEDGER_WRITES.items() if kind in writers}, role
+        assert named & set(functions) == {
+            name for name, kinds in functions.items() if kind in kinds}, role
+        assert named <= set(db_roles.LEDGER_WRITES) | set(functions), role
+    assert missing_from_code(cited_identifiers(section), _code_text()) == []

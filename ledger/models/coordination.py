@@ -42,20 +42,29 @@ def run_fence_sql(run_pk: str, token: str, change: str) -> str:
 """
 
 
-def run_token_given_sql(run_pk: str, token: str, change: str) -> str:
-    """PL/pgSQL that refuses a write naming a fencing token (`token` not NULL) that is not
-    its run lease's current token, or that names one for a run never leased (as
-    ledger.leases.check_run does for a token given): what fences the rows a worker adds to
-    a run (a step, an obligation, an episode), whose INSERT carries the token it was
-    written under. Needs `lease record` declared; the caller's WHEN clause skips rows
-    written without a token."""
+def run_addition_fence_sql(run_pk: str, token: str, change: str) -> str:
+    """PL/pgSQL that fences a row a worker adds to a run (a step, an obligation, an
+    episode), whose INSERT carries the token it was written under (`token`): once the run
+    is leased (held, expired or released, as ledger.leases.check_run), only the lease's
+    current token is taken, and a row written without one is refused like a stale one; a
+    token named for a run never leased is refused (there is no lease it could be current
+    for); a run never leased takes rows without a token. The lease row is share-locked to
+    the commit, as `run_fence_sql` does. Needs `lease record` declared; runs for every
+    INSERT (no WHEN clause: a missing token is what it refuses)."""
     return f"""
     SELECT l.token, l.resource INTO lease
       FROM ledger_run r
       JOIN ledger_lease l ON l.resource = {RUN_LEASE}
      WHERE r.id = {run_pk}
        FOR SHARE OF l;
-    IF NOT FOUND OR ({token}) IS DISTINCT FROM lease.token THEN
+    IF FOUND AND ({token}) IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation',
+            MESSAGE = format('expected the current fencing token %s of %s on %s, found no '
+                             'token (once a run is leased, every row added to it carries '
+                             'the holder''s token)', lease.token, lease.resource, {change}),
+            DETAIL = lease.token::text,
+            HINT = '{FENCE_HINT}';
+    ELSIF ({token}) IS NOT NULL AND (NOT FOUND OR ({token}) IS DISTINCT FROM lease.token) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('expected fencing token %s to be current for the lease of the '
                              'run of %s, found %s', ({token}), {change},
@@ -148,8 +157,9 @@ _STEP_FENCED = run_fence_sql(
     "CASE NEW.state WHEN 'started' THEN NEW.started_token ELSE NEW.committed_token END",
     "format('step %s moving %s -> %s', NEW.step_id, OLD.state, NEW.state)",
 ) + "    RETURN NEW;\n"
-# A step added under a token (`runs.add_step(fencing_token=)`): only the current one.
-_STEP_ADDED_FENCED = run_token_given_sql(
+# A step added to a leased run: under the lease's current token only (`runs.add_step(
+# fencing_token=)`, stored as added_token); to a run never leased, without one.
+_STEP_ADDED_FENCED = run_addition_fence_sql(
     "NEW.run_id", "NEW.added_token", "format('step %s added', NEW.step_id)")
 
 
@@ -198,7 +208,8 @@ class Step(models.Model):
     # The run lease's token each change was made under (None: the run was not leased).
     started_token = models.BigIntegerField(null=True, blank=True)
     committed_token = models.BigIntegerField(null=True, blank=True)
-    # The token it was added under (`add_step(fencing_token=)`); None: added without one.
+    # The token it was added under (`add_step(fencing_token=)`); None: added without one,
+    # to a run not leased then.
     added_token = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
@@ -235,7 +246,6 @@ class Step(models.Model):
                 name="step_added_fenced",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
-                condition=pgtrigger.Condition('NEW."added_token" IS NOT NULL'),
                 declare=[("lease", "record")],
                 func=_STEP_ADDED_FENCED,
             ),

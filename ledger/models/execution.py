@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
-from ledger.models.coordination import RUN_LEASE, run_fence_sql, run_token_given_sql
+from ledger.models.coordination import RUN_LEASE, run_addition_fence_sql, run_fence_sql
 from ledger.models.triggers import FENCE_HINT, SANCTIONED, Protect, Trigger
 
 # The source of a person's decision on a fact conflict (ledger.facts.REVIEWER_SOURCE_PREFIX).
@@ -190,10 +190,11 @@ _OBLIGATION_FENCED = run_fence_sql(
     "NEW.run_id", "NEW.fencing_token",
     "format('obligation %s moving %s -> %s', NEW.key, OLD.state, NEW.state)",
 ) + "    RETURN NEW;\n"
-# An obligation opened, or an episode recorded, under a token: only the current one.
-_OBLIGATION_OPENED_FENCED = run_token_given_sql(
+# An obligation opened, or an episode recorded, on a leased run: under the lease's current
+# token only; on a run never leased, without one.
+_OBLIGATION_OPENED_FENCED = run_addition_fence_sql(
     "NEW.run_id", "NEW.opened_token", "format('obligation %s opened', NEW.key)")
-_EPISODE_FENCED = run_token_given_sql(
+_EPISODE_FENCED = run_addition_fence_sql(
     "NEW.run_id", "NEW.fencing_token", "format('an episode said by %s', NEW.role)")
 
 # The fence follows the fact's run, and a fact's successor is of its predecessor's run: a
@@ -541,7 +542,8 @@ class Obligation(models.Model):
     cancel_reason = models.TextField(blank=True)
     # The run lease's token it was settled under (None: open, or its run was not leased).
     fencing_token = models.BigIntegerField(null=True, blank=True)
-    # The token it was opened under (`obligations.open(fencing_token=)`); None: without one.
+    # The token it was opened under (`obligations.open(fencing_token=)`); None: without one,
+    # on a run not leased then.
     opened_token = models.BigIntegerField(null=True, blank=True)
 
     objects = ObligationQuerySet.as_manager()
@@ -594,7 +596,6 @@ class Obligation(models.Model):
                 name="obligation_opened_fenced",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
-                condition=pgtrigger.Condition('NEW."opened_token" IS NOT NULL'),
                 declare=[("lease", "record")],
                 func=_OBLIGATION_OPENED_FENCED,
             ),
@@ -627,7 +628,7 @@ class Episode(models.Model):
     content = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
     # The run lease's token it was recorded under (`episodes.record(fencing_token=)`);
-    # None: recorded without one.
+    # None: recorded without one, on a run not leased then.
     fencing_token = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
@@ -641,7 +642,6 @@ class Episode(models.Model):
                 name="episode_fenced",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
-                condition=pgtrigger.Condition('NEW."fencing_token" IS NOT NULL'),
                 declare=[("lease", "record")],
                 func=_EPISODE_FENCED,
             ),

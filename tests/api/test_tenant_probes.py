@@ -121,7 +121,8 @@ def test_a_key_of_two_tenants_names_the_tenant_of_an_id_both_use(make_key, clien
     resumed = both.post("/api/v1/runs/shared/resume?tenant=acme", json={})
     assert resumed.status_code == 200 and resumed.json()["tenant"] == "acme", resumed.text
     token = resumed.json()["token"]
-    step = both.post("/api/v1/runs/shared/steps?tenant=acme", json={"step_id": "s"})
+    step = both.post("/api/v1/runs/shared/steps?tenant=acme", json={"step_id": "s",
+                                                                    "fencing_token": token})
     assert step.status_code == 200, step.text
     opened = both.post("/api/v1/obligations", json={"run": "shared", "kind": "refund",
                                                     "key": "o-1", "tenant": "acme",

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from ledger import agent_keys, approvals, receipts, reconcile
-from ledger.models import ApprovalRequest, Operation
+from ledger.models import ApprovalRequest, Operation, Step
 from tests.clients.conftest import CLIENT_SRC
 from tests.factories import UserFactory
 
@@ -282,8 +282,16 @@ def test_a_step_derives_the_keys_and_its_token_fences_the_writes(ledger):
         assert act("a") == "done"  # the step re-run finds its receipt: not sent again
     assert send.count == 2
 
-    ledger.resume("run-1", worker="w1", ttl_seconds=60)  # a newer token: the old is stale
-    ledger.add_step("run-1", "publish")
+    second = ledger.resume("run-1", worker="w1", ttl_seconds=60)  # the old is stale now
+    # Once the run is leased a step is added only under the current token.
+    for token in (None, first.token):
+        with pytest.raises(StaleFencingToken) as refused:
+            ledger.add_step("run-1", "publish", fencing_token=token)
+        assert refused.value.current_token == second.token
+    assert not Step.objects.filter(step_id="publish").exists()
+    added = ledger.add_step("run-1", "publish", fencing_token=second.token)
+    assert (added.step_id, added.state) == ("publish", "pending")
+    assert Step.objects.get(step_id="publish").added_token == second.token
     with ledger.step("run-1", "publish", fencing_token=first.token):
         with pytest.raises(StaleFencingToken) as caught:
             act("c")

@@ -55,7 +55,7 @@ def populate(tenant: str, root) -> None:
     aging = OperationFactory(tenant=tenant, state=State.SUCCEEDED, intent={"n": 2})
     run = runs.start(f"work of {tenant}", tenant=tenant, run_id=f"run-{tenant}")
     runs.add_step(run, "send")
-    leases.acquire(run.lease_resource, f"worker-{tenant}", timedelta(minutes=5))
+    token = leases.acquire(run.lease_resource, f"worker-{tenant}", timedelta(minutes=5))
     op = OperationFactory(tenant=tenant, state=State.OUTCOME_UNKNOWN, run=run,
                           intent={"tenant": tenant})
     add_evidence(op, verdict="not_yet", observed={"tenant": tenant})
@@ -66,8 +66,8 @@ def populate(tenant: str, root) -> None:
                                   source=f"feed-{tenant}", tenant=tenant)
     facts.resolve_conflict(candidate.conflict, winner="candidate", user=root,
                            reason=f"checked {tenant}")
-    obligations.open(run, "email.send", f"ob-{tenant}")
-    episodes.record(run, "tool", content=f"said in {tenant}")
+    obligations.open(run, "email.send", f"ob-{tenant}", fencing_token=token)
+    episodes.record(run, "tool", content=f"said in {tenant}", fencing_token=token)
     access.grant(UserFactory(username=f"{tenant}-reader", tenants=[]), tenant, by=root)
     agent_keys.create(f"bot-{tenant}", tenants=[tenant], user=root)
     retention.set_policy("*", tenant=tenant, purge_after_days=30, redact_after_days=10,

@@ -54,9 +54,10 @@ def snapshot() -> dict:
         return state
 
 
-def forgeries(run, old) -> list[tuple[str, str, list, str | None]]:
+def forgeries(run, old, new) -> list[tuple[str, str, list, str | None]]:
     """(name, statement, parameters, the refusal's hint): writes of a stale or tokenless
-    worker, and rows inserted already settled."""
+    worker, and rows inserted already settled (under the current token, so that the rule
+    of their INSERT refuses them, not the fence)."""
     pack, ship = (Step.objects.get(run=run, step_id=s).pk for s in ("pack", "ship"))
     refund = Obligation.objects.get(key="refund-9").pk
     fact = ("INSERT INTO ledger_fact (tenant, subject, predicate, value, value_fingerprint, "
@@ -79,8 +80,8 @@ def forgeries(run, old) -> list[tuple[str, str, list, str | None]]:
          [pack], FENCE_HINT),
         ("step inserted committed",
          "INSERT INTO ledger_step (run_id, step_id, state, created_at, started_at, "
-         "committed_at) VALUES (%s, 'forged', 'committed', now(), now(), now())",
-         [run.pk], None),
+         "committed_at, added_token) VALUES (%s, 'forged', 'committed', now(), now(), now(), "
+         "%s)", [run.pk, new], None),
         ("obligation committed without a token", settle.format(""), [refund],
          FENCE_HINT),
         ("obligation committed with the old token",
@@ -90,8 +91,9 @@ def forgeries(run, old) -> list[tuple[str, str, list, str | None]]:
          "cancel_reason = 'forged' WHERE id = %s", [refund], FENCE_HINT),
         ("obligation inserted committed",
          "INSERT INTO ledger_obligation (run_id, tenant, kind, key, state, result, "
-         "committed_at, cancel_reason) VALUES (%s, 'default', 'refund', 'refund-forged', "
-         "'committed', '{\"forged\": 1}', now(), '')", [run.pk], None),
+         "committed_at, cancel_reason, opened_token) VALUES (%s, 'default', 'refund', "
+         "'refund-forged', 'committed', '{\"forged\": 1}', now(), '', %s)",
+         [run.pk, new], None),
         ("fact of the run without a token", fact, [run.pk, None], FENCE_HINT),
         ("fact of the run with the old token", fact, [run.pk, old], FENCE_HINT),
     ]
@@ -131,7 +133,7 @@ def assert_refused_and_then_the_holder_works(found, attempts, run, new, before, 
 
 def test_postgresql_refuses_the_owner_s_writes_without_the_current_token(leased):
     run, old, new = leased
-    attempts = forgeries(run, old)
+    attempts = forgeries(run, old, new)
     before = snapshot()
     with connection.cursor() as cursor:
         found = attempt_each(cursor, attempts)
@@ -141,7 +143,7 @@ def test_postgresql_refuses_the_owner_s_writes_without_the_current_token(leased)
 @pytest.mark.parametrize("kind", GRANTED)
 def test_postgresql_refuses_each_role_s_writes_without_the_current_token(leased, kind):
     run, old, new = leased
-    attempts = forgeries(run, old)
+    attempts = forgeries(run, old, new)
     before = snapshot()
     code = f"""
 import json

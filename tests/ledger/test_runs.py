@@ -387,12 +387,16 @@ def test_run_ids_and_obligation_keys_are_unique_per_tenant():
     assert runs.start("theirs", tenant="acme", run_id="run-1") == theirs
     with pytest.raises(InvalidInput, match="several tenants; name the tenant"):
         runs.hand_off("run-1")
-    assert runs.resume("run-1", worker="w", tenant="acme").run == theirs
+    resumed = runs.resume("run-1", worker="w", tenant="acme")
+    assert resumed.run == theirs
     assert runs.hand_off("run-1", tenant="default").token is None
     with pytest.raises(InvalidInput, match="to exist in tenant 'nobody'"):
         runs.as_run("run-1", tenant="nobody")
     obligations.open(ours, "refund", "refund-1")
-    obligations.open(theirs, "invoice", "refund-1")
+    # Theirs is leased: opened under their lease's token, ours (never leased) without one.
+    with pytest.raises(StaleFencingToken, match="run:acme:run-1"):
+        obligations.open(theirs, "invoice", "refund-1")
+    obligations.open(theirs, "invoice", "refund-1", fencing_token=resumed.token)
     with pytest.raises(InvalidInput, match="several tenants; name the tenant"):
         obligations.commit("refund-1", {"ours": True})
     assert obligations.commit("refund-1", {"ours": True}, tenant="default").run == ours

@@ -550,9 +550,13 @@ class Ledger:
         return Receipt(self._sync.send(Request("POST", "/api/v1/runs", body)))
 
     def add_step(self, run_id: str, step_id: str, *, depends_on: Iterable[str] = (),
-                 tenant: str | None = None) -> Receipt:
-        """Add a step to a run (idempotent); `tenant` as for `resume`."""
-        body = {"step_id": step_id, "depends_on": list(depends_on)}
+                 tenant: str | None = None, fencing_token: int | None = None) -> Receipt:
+        """Add a step to a run (idempotent); `tenant` as for `resume`. Once the run is
+        leased, pass its `fencing_token` (`resume(...).token`): without it, or with an
+        older one, StaleFencingToken and nothing is added."""
+        body: dict[str, Any] = {"step_id": step_id, "depends_on": list(depends_on)}
+        if fencing_token is not None:
+            body["fencing_token"] = fencing_token
         return Receipt(self._sync.send(
             Request("POST", f"/api/v1/runs/{quote(run_id, safe='')}/steps", body,
                     params=self._tenant_param(tenant))))

@@ -145,5 +145,5 @@ export declare class Ledger {
   retriesDue(options?: { operation?: string | null; tenant?: string | null }): Promise<Receipt[]>;
   resume(runId: string, options: { worker: string; ttlSeconds?: number | null; tenant?: string | null }): Promise<Receipt>;
   startRun(objective: string, options?: { runId?: string | null; tenant?: string | null }): Promise<Receipt>;
-  addStep(runId: string, stepId: string, options?: { dependsOn?: string[]; tenant?: string | null }): Promise<Receipt>;
+  addStep(runId: string, stepId: string, options?: { dependsOn?: string[]; tenant?: string | null; fencingToken?: number | null }): Promise<Receipt>;
 }

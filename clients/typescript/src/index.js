@@ -298,10 +298,17 @@ export class Ledger {
       json: { objective, run_id: runId, tenant: tenant ?? this.tenant } }));
   }
 
-  /** Add a step to a run (idempotent); `tenant` as for `resume`. */
-  async addStep(runId, stepId, { dependsOn = [], tenant = null } = {}) {
+  /** Add a step to a run (idempotent); `tenant` as for `resume`. Once the run is leased,
+   * pass its `fencingToken` (`resume(...).token`): without it, or with an older one,
+   * StaleFencingToken and nothing is added. */
+  async addStep(runId, stepId, { dependsOn = [], tenant = null, fencingToken = null } = {}) {
+    if (fencingToken !== null && !Number.isInteger(fencingToken)) {
+      throw new errors.InvalidInput(`expected fencingToken to be an integer or null, found ${show(fencingToken)}`);
+    }
+    const json = { step_id: stepId, depends_on: [...dependsOn] };
+    if (fencingToken !== null) json.fencing_token = fencingToken;
     return new Receipt(await this.transport.send({ method: "POST",
-      path: `/api/v1/runs/${enc(runId)}/steps`, json: { step_id: stepId, depends_on: [...dependsOn] },
+      path: `/api/v1/runs/${enc(runId)}/steps`, json,
       params: { tenant: tenant ?? this.tenant } }));
   }
 }

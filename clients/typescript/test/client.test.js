@@ -169,8 +169,13 @@ describe("the lifecycle", () => {
     });
     assert.equal(await l.step(run, "draft", { fencingToken: first.token }, () => act("a")), "done");
     assert.equal(send.count, 2);
-    await l.resume(run, { worker: "w1", ttlSeconds: 60 });
-    await l.addStep(run, "publish");
+    const second = await l.resume(run, { worker: "w1", ttlSeconds: 60 });
+    // Once the run is leased a step is added only under the current token.
+    for (const fencingToken of [null, first.token]) {
+      await assert.rejects(l.addStep(run, "publish", { fencingToken }),
+        (exc) => exc instanceof client.StaleFencingToken && exc.currentToken === second.token);
+    }
+    assert.equal((await l.addStep(run, "publish", { fencingToken: second.token })).state, "pending");
     await assert.rejects(l.step(run, "publish", { fencingToken: first.token }, () => act("c")),
       (exc) => exc instanceof client.StaleFencingToken && exc.currentToken > first.token);
     assert.equal(send.count, 2);
