@@ -160,38 +160,33 @@ _OWN = "{row}.tenant = ANY ({tenants})"
 
 
 def _of(parent: str, column: str, *, optional: bool = False) -> str:
-    """The row's `column` names a row of `parent` (a table with a tenant) of the login's
-    tenants: a tenant the writer puts on the row is not taken for its parent's."""
-    found = (f"EXISTS (SELECT 1 FROM {parent} p WHERE p.id = {{row}}.{column} "
-             "AND p.tenant = ANY ({tenants}))")
-    return f"({{row}}.{column} IS NULL OR {found})" if optional else found
+    """The row's `column` names a row of `parent` this session sees (`ledger_<parent>_seen`,
+    migration 0048: the parent's own policy decides): a tenant the writer puts on the row
+    is not taken for its parent's."""
+    seen = f"ledger_{parent}_seen({{row}}.{column})"
+    return f"({{row}}.{column} IS NULL OR {seen})" if optional else seen
 
 
-_OF_STEP = ("({row}.step_id IS NULL OR EXISTS (SELECT 1 FROM ledger_step s JOIN ledger_run r "
-            "ON r.id = s.run_id WHERE s.id = {row}.step_id AND r.tenant = ANY ({tenants})))")
-_OF_OPERATION = _of("ledger_operation", "operation_id")
+_OF_OPERATION = _of("operation", "operation_id")
 _OWN_OF_OPERATION = f"{_OWN} AND {_OF_OPERATION}"
-_OWN_OF_RUN = f"{_OWN} AND {_of('ledger_run', 'run_id')}"
+_OWN_OF_RUN = f"{_OWN} AND {_of('run', 'run_id')}"
 TENANT_ROWS: dict[str, str] = {
-    "ledger_operation": f"{_OWN} AND {_of('ledger_run', 'run_id', optional=True)} "
-                        f"AND {_OF_STEP}",
+    "ledger_operation": f"{_OWN} AND {_of('run', 'run_id', optional=True)} "
+                        f"AND {_of('step', 'step_id', optional=True)}",
     # (its operation's tenant: event_tenant_check, at commit, since record_intent writes an
     # operation and its first event in one statement, whose parts cannot see each other)
     "ledger_operationevent": _OWN,
     "ledger_evidence": _OF_OPERATION,
     # (a fact's links to other facts, superseded_by and contradicts, are not checked here:
-    # a policy cannot read its own table)
-    "ledger_fact": f"{_OWN} AND {_of('ledger_run', 'run_id', optional=True)}",
+    # each would check the fact it links to, and that fact's links, in turn)
+    "ledger_fact": f"{_OWN} AND {_of('run', 'run_id', optional=True)}",
     "ledger_factdecision": _OWN,
-    "ledger_factconflict": f"{_OWN} AND {_of('ledger_fact', 'current_id')} "
-                           f"AND {_of('ledger_fact', 'candidate_id')}",
+    "ledger_factconflict": f"{_OWN} AND {_of('fact', 'current_id')} "
+                           f"AND {_of('fact', 'candidate_id')}",
     "ledger_obligation": _OWN_OF_RUN,
     "ledger_run": _OWN,
-    "ledger_step": _of("ledger_run", "run_id"),
-    "ledger_step_depends_on": " AND ".join(
-        "EXISTS (SELECT 1 FROM ledger_step s JOIN ledger_run r ON r.id = s.run_id "
-        f"WHERE s.id = {{row}}.{column} AND r.tenant = ANY ({{tenants}}))"
-        for column in ("from_step_id", "to_step_id")),
+    "ledger_step": _of("run", "run_id"),
+    "ledger_step_depends_on": f"{_of('step', 'from_step_id')} AND {_of('step', 'to_step_id')}",
     "ledger_episode": _OWN_OF_RUN,
     "ledger_lease": "ledger_lease_tenant_may(resource, {tenants})",
     "ledger_approvalrequest": _OWN_OF_OPERATION,

@@ -6,8 +6,11 @@
 - `ledger_login_tenants()`: the tenants this session may touch, NULL for all. A session is
   limited by each of its session user (the login: `SET ROLE` cannot shed it) and its
   current user (an owner's `SET ROLE acme_agent` acts as that login) that has rows, to the
-  tenants they share. Its body is parsed once, here (SQL-standard body, the table
-  schema-qualified): a temporary table of the same name cannot stand in for it.
+  tenants they share. The table is schema-qualified: a temporary table of the same name
+  cannot stand in for it.
+- `ledger_operation_seen(id)`, `_run_seen`, `_step_seen`, `_fact_seen`: whether this
+  session sees a parent row (through the parent's own policy), for the policies of the
+  rows that name one.
 - `ledger_lease_tenant_may(resource, tenants)`: whether a lease belongs to one of
   `tenants`: a run's lease (`run:<tenant>:<run_id>`) to its run's tenant; a reconciler's
   (`reconcile:<operation_id>`) to none of an agent's; any other name to no tenant at all.
@@ -36,18 +39,52 @@ CREATE POLICY ledger_own_login ON ledger_logintenant FOR SELECT
     USING (login = session_user::text OR login = current_user::text);
 
 CREATE FUNCTION ledger_login_tenants() RETURNS text[]
-LANGUAGE sql STABLE PARALLEL SAFE
-RETURN (
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    tenants text[];
+BEGIN
     SELECT CASE WHEN count(*) = 0 THEN NULL
                 ELSE coalesce(array_agg(g.tenant ORDER BY g.tenant)
                                   FILTER (WHERE g.logins = g.limited), '{}') END
+      INTO tenants
       FROM (SELECT t.tenant::text AS tenant, count(*) AS logins,
                    (SELECT count(DISTINCT u.login) FROM public.ledger_logintenant u
                      WHERE u.login IN (session_user::text, current_user::text)) AS limited
               FROM public.ledger_logintenant t
              WHERE t.login IN (session_user::text, current_user::text)
-             GROUP BY t.tenant) g
-);
+             GROUP BY t.tenant) g;
+    RETURN tenants;
+END
+$$;
+
+-- Whether this session sees the row `row_id` of a parent table (under the parent's own
+-- policy): the policies of the rows that name a parent call these. A function, not a
+-- subquery, so that planning a statement does not expand every parent's policy in turn
+-- (planning ledger_operation's policy inline cost more than the statement itself).
+CREATE FUNCTION ledger_operation_seen(row_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM public.ledger_operation o WHERE o.id = row_id);
+END
+$$;
+CREATE FUNCTION ledger_run_seen(row_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM public.ledger_run r WHERE r.id = row_id);
+END
+$$;
+CREATE FUNCTION ledger_step_seen(row_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM public.ledger_step s WHERE s.id = row_id);
+END
+$$;
+CREATE FUNCTION ledger_fact_seen(row_id bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM public.ledger_fact f WHERE f.id = row_id);
+END
+$$;
 
 CREATE FUNCTION ledger_lease_tenant_may(resource text, tenants text[]) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -130,6 +167,10 @@ DROP FUNCTION IF EXISTS ledger_event_tenant_check();
 DROP TRIGGER IF EXISTS lease_tenant_check ON ledger_lease;
 DROP FUNCTION IF EXISTS ledger_lease_tenant_check();
 DROP FUNCTION IF EXISTS ledger_lease_tenant_may(text, text[]);
+DROP FUNCTION IF EXISTS ledger_operation_seen(bigint);
+DROP FUNCTION IF EXISTS ledger_run_seen(bigint);
+DROP FUNCTION IF EXISTS ledger_step_seen(bigint);
+DROP FUNCTION IF EXISTS ledger_fact_seen(bigint);
 DROP FUNCTION IF EXISTS ledger_login_tenants();
 DROP TABLE IF EXISTS ledger_logintenant;
 """
