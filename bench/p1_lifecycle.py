@@ -11,7 +11,7 @@ Then the same again with `synchronous_commit = off`, to show what the fsync at e
 costs. Last, the ledger's lifecycle as the agent's role (ledger_agent, `manage.py
 db_roles`: its grants, and the role checks of migration 0030), as a login PostgreSQL
 limits to one tenant (row-level security, migration 0048) and as the tables' owner,
-interleaved on one connection (`SET ROLE` between lifecycles, untimed).
+interleaved, each on a connection of its own.
 """
 
 from __future__ import annotations
@@ -182,23 +182,39 @@ ONE_TENANT_LOGIN = "ledger_bench_one_tenant"
 
 def agent_beside_owner(n: int, lifecycle) -> tuple[Stopwatch, Stopwatch, Stopwatch]:
     """`lifecycle` n times as ledger_agent, n times as a login limited to one tenant and n
-    times as the owner, the order rotating each round; the role is switched between
-    lifecycles (`SET ROLE`: the limited login's policies key on the current user too),
-    outside the timing."""
-    from django.db import connection
+    times as the owner, the order rotating each round. Each side has a connection of its
+    own, its role set once (`SET ROLE`: the limited login's policies key on the current
+    user too), as a process logged in as that role would: switching roles on one
+    connection would re-plan every cached statement of a table under row-level security
+    at each switch, which no real process does. The sides' connections take turns as the
+    default one between lifecycles, outside the timing."""
+    from django.db import connections
 
     from ledger import db_roles
 
     db_roles.apply(logins=[(ONE_TENANT_LOGIN, (db_roles.AGENT,), ("default",))])
     agent, limited, owner = Stopwatch("agent"), Stopwatch("one tenant"), Stopwatch("owner")
-    sides = [(agent, f"SET ROLE {db_roles.ROLE[db_roles.AGENT]}"),
-             (limited, f"SET ROLE {ONE_TENANT_LOGIN}"), (owner, "RESET ROLE")]
-    with connection.cursor() as cursor:
+    shared = connections["default"]
+    sides = []
+    for watch, role in ((agent, db_roles.ROLE[db_roles.AGENT]), (limited, ONE_TENANT_LOGIN),
+                        (owner, None)):
+        own = connections.create_connection("default")
+        with own.cursor() as cursor:
+            cursor.execute(f"SET ROLE {role}" if role else "RESET ROLE")
+        sides.append((watch, own))
+    try:
+        for _ in range(20):  # warm each connection's caches and plans
+            for _, own in sides:
+                connections["default"] = own
+                lifecycle()
         for r in range(n):
-            for watch, switch in sides[r % 3:] + sides[:r % 3]:
-                cursor.execute(switch)
+            for watch, own in sides[r % 3:] + sides[:r % 3]:
+                connections["default"] = own
                 watch.time(lifecycle)
-        cursor.execute("RESET ROLE")
+    finally:
+        connections["default"] = shared
+        for _, own in sides:
+            own.close()
     return agent, limited, owner
 
 

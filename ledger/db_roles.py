@@ -151,8 +151,8 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
 # of its rows such a login may read and write, a condition on the row with `{tenants}` for
 # the login's tenants (a text[]) and `{row}` for the table (a subquery's columns would
 # otherwise capture the row's own of the same name). `_grant_all` makes one row-level
-# security policy per table from it, "(the session is limited to no tenant) OR (the
-# condition)", for every role, so a worker, the desk, an agent login without tenants and
+# security policy per table from it and the limited logins' tenants (`tenant_policy`), for
+# every role, so a worker, the desk, an agent login without tenants and
 # the web login pass as before; the owner and the SECURITY DEFINER functions are not
 # subject to it. A ledger table missing here stops db_roles, like one missing from
 # LEDGER_WRITES. FALSE: no row is any tenant's, so a limited login sees none.
@@ -222,13 +222,31 @@ TENANT_ROWS: dict[str, str] = {
 # Its own policy (migration 0048): a login reads its own rows only.
 LOGIN_TENANT_TABLE = "ledger_logintenant"
 TENANT_POLICY = "ledger_tenant_rows"
-_LIMITED_TO = "(SELECT ledger_login_tenants())::text[]"  # an array, not a subquery, to ANY
+def tenant_policy(table: str, limited: dict[str, list[str]]) -> str:
+    """The USING / WITH CHECK expression of `table`'s tenant policy, given the logins of
+    this database limited to tenants, {login: its tenants}. The logins and their tenants
+    are written into the policy: a session is held to the condition with the tenants of
+    its session user (the login: `SET ROLE` cannot shed it) and with those of its current
+    user (the owner's `SET ROLE acme_agent` acts as that login), each when limited; any
+    other session passes on a comparison with constants, without a function call or a
+    read of ledger_logintenant. With no limited login, the policy is `true`."""
+    if not limited:
+        return "true"
+    held, condition = [], TENANT_ROWS[table]
+    for user in ("session_user", "current_user"):
+        tenants = (f"(CASE {user}::text "
+                   + " ".join(f"WHEN {_literal(login)} THEN ARRAY["
+                              + ", ".join(_literal(t) for t in sorted(names)) + "]::text[]"
+                              for login, names in sorted(limited.items()))
+                   + " END)")
+        held.append((tenants, condition.format(tenants=tenants, row=_quote(table))))
+    if "{tenants}" not in condition:  # a parent's policy decides: one check, not two
+        return f"({held[0][0]} IS NULL AND {held[1][0]} IS NULL) OR ({held[0][1]})"
+    return " AND ".join(f"({tenants} IS NULL OR ({held_to}))" for tenants, held_to in held)
 
 
-def tenant_policy(table: str) -> str:
-    """The USING / WITH CHECK expression of `table`'s tenant policy."""
-    return (f"{_LIMITED_TO} IS NULL OR "
-            f"({TENANT_ROWS[table].format(tenants=_LIMITED_TO, row=_quote(table))})")
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 # SECURITY DEFINER functions (owned by the tables' owner) and who may call them.
@@ -374,10 +392,13 @@ def ensure_login(name: str, kinds: Iterable[str], *, tenants: Iterable[str] = ()
                 cursor.execute(f"ALTER ROLE {_quote(name)} SET role = {_quote(ROLE[AGENT])}")
             else:
                 cursor.execute(f"ALTER ROLE {_quote(name)} RESET role")
+            before = _limited_logins(cursor)
             cursor.execute(f"DELETE FROM {LOGIN_TENANT_TABLE} WHERE login = %s", [name])
             for tenant in tenants:
                 cursor.execute(f"INSERT INTO {LOGIN_TENANT_TABLE} (login, tenant) "
                                "VALUES (%s, %s)", [name, tenant])
+            if _limited_logins(cursor) != before:  # the policies name logins and tenants
+                _tenant_policies(cursor)
     _retry(memberships)
 
 
@@ -486,23 +507,35 @@ def _grant_all(owner: str) -> None:
         _tenant_policies(cursor, [t for t in tables if t.startswith("ledger_")])
 
 
-def _tenant_policies(cursor, tables: list[str]) -> None:
-    """Row-level security on every ledger table, one policy each from TENANT_ROWS (replaced
-    on every run, so an edited condition takes effect)."""
+def _tenant_policies(cursor, tables: list[str] | None = None) -> None:
+    """Row-level security on every ledger table, one policy each from TENANT_ROWS and the
+    logins limited to tenants (replaced on every run, and whenever a login's tenants
+    change: `ensure_login`)."""
+    if tables is None:
+        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                       "AND tablename LIKE 'ledger\\_%' ORDER BY tablename")
+        tables = [name for (name,) in cursor.fetchall()]
     unknown = [t for t in tables if t not in TENANT_ROWS and t != LOGIN_TENANT_TABLE]
     if unknown:
         raise RolesRefused(
             f"expected every ledger table in ledger.db_roles.TENANT_ROWS, found "
             f"{', '.join(unknown)} missing: decide which of its rows a tenant-limited "
             "login may touch")
+    limited = _limited_logins(cursor)
     for table in tables:
         if table == LOGIN_TENANT_TABLE:
             continue
-        condition = tenant_policy(table)
+        condition = tenant_policy(table, limited)
         cursor.execute(f"ALTER TABLE {_quote(table)} ENABLE ROW LEVEL SECURITY")
         cursor.execute(f"DROP POLICY IF EXISTS {TENANT_POLICY} ON {_quote(table)}")
         cursor.execute(f"CREATE POLICY {TENANT_POLICY} ON {_quote(table)} FOR ALL TO PUBLIC "
                        f"USING ({condition}) WITH CHECK ({condition})")
+
+
+def _limited_logins(cursor) -> dict[str, list[str]]:
+    cursor.execute(f"SELECT login, array_agg(tenant::text ORDER BY tenant) "
+                   f"FROM {LOGIN_TENANT_TABLE} GROUP BY login ORDER BY login")
+    return dict(cursor.fetchall())
 
 
 def session_role() -> tuple[str, str, bool, bool]:
