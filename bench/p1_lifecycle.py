@@ -9,8 +9,9 @@ side or the other at random and moves a ratio of totals by itself); the ratio of
 totals is printed beside it.
 Then the same again with `synchronous_commit = off`, to show what the fsync at each commit
 costs. Last, the ledger's lifecycle as the agent's role (ledger_agent, `manage.py
-db_roles`: its grants, and the role checks of migration 0030) beside the same as the
-tables' owner, interleaved on one connection (`SET ROLE` between lifecycles, untimed).
+db_roles`: its grants, and the role checks of migration 0030), as a login PostgreSQL
+limits to one tenant (row-level security, migration 0048) and as the tables' owner,
+interleaved, each on a connection of its own.
 """
 
 from __future__ import annotations
@@ -137,18 +138,26 @@ def main() -> dict:
         ])
     with connection.cursor() as cursor:
         cursor.execute("SET synchronous_commit TO on")
-    as_agent, as_owner = agent_beside_owner(n, ledger_lifecycle)
+    as_agent, as_limited, as_owner = agent_beside_owner(n, ledger_lifecycle)
     print_table(f"P1 lifecycle, {n} operations each, as the agent's role / as the owner", [
         ("as ledger_agent", f"{n / as_agent.total:8.0f} ops/s, median {ms(as_agent.median)}"),
+        ("as a login limited to one tenant", f"{n / as_limited.total:8.0f} ops/s, "
+                                             f"median {ms(as_limited.median)}"),
         ("as the tables' owner", f"{n / as_owner.total:8.0f} ops/s, "
                                  f"median {ms(as_owner.median)}"),
         ("ratio agent / owner", f"{as_agent.median / as_owner.median:.3f}x of the medians, "
                                 f"{as_agent.total / as_owner.total:.3f}x of the totals"),
+        ("ratio one-tenant login / agent", f"{as_limited.median / as_agent.median:.3f}x of the "
+                                           f"medians, {as_limited.total / as_agent.total:.3f}x "
+                                           "of the totals"),
     ])
     results["agent_role"] = {"ratio": as_agent.median / as_owner.median,
                              "ratio_of_totals": as_agent.total / as_owner.total,
                              "agent_median_ms": as_agent.median * 1000,
                              "owner_median_ms": as_owner.median * 1000}
+    results["one_tenant_login"] = {"ratio": as_limited.median / as_agent.median,
+                                   "ratio_of_totals": as_limited.total / as_agent.total,
+                                   "limited_median_ms": as_limited.median * 1000}
     summary = {
         "scale": args.scale,
         "operations": n,
@@ -156,6 +165,7 @@ def main() -> dict:
         "ratio_sync_off": results["off"]["ratio"],
         "fsync_cost_ledger": results["off"]["ledger_ops_per_s"] / results["on"]["ledger_ops_per_s"],
         "agent_role_ratio": results["agent_role"]["ratio"],
+        "one_tenant_login_ratio": results["one_tenant_login"]["ratio"],
         "details": results,
     }
     print(f"fsync: the ledger does {summary['fsync_cost_ledger']:.2f}x more lifecycles/s "
@@ -164,23 +174,48 @@ def main() -> dict:
     return summary
 
 
-def agent_beside_owner(n: int, lifecycle) -> tuple[Stopwatch, Stopwatch]:
-    """`lifecycle` n times as ledger_agent and n times as the owner, alternating who goes
-    first; the role is switched between lifecycles, outside the timing."""
-    from django.db import connection
+# A login PostgreSQL limits to the one tenant the lifecycles write (`db_roles --login
+# NAME=agent --tenants default`): its row-level security against ledger_agent's, which no
+# tenant limits (the login every agent had before).
+ONE_TENANT_LOGIN = "ledger_bench_one_tenant"
+
+
+def agent_beside_owner(n: int, lifecycle) -> tuple[Stopwatch, Stopwatch, Stopwatch]:
+    """`lifecycle` n times as ledger_agent, n times as a login limited to one tenant and n
+    times as the owner, the order rotating each round. Each side has a connection of its
+    own, its role set once (`SET ROLE`: the limited login's policies key on the current
+    user too), as a process logged in as that role would: switching roles on one
+    connection would re-plan every cached statement of a table under row-level security
+    at each switch, which no real process does. The sides' connections take turns as the
+    default one between lifecycles, outside the timing."""
+    from django.db import connections
 
     from ledger import db_roles
 
-    db_roles.apply()
-    agent, owner = Stopwatch("agent"), Stopwatch("owner")
-    sides = [(agent, f"SET ROLE {db_roles.ROLE[db_roles.AGENT]}"), (owner, "RESET ROLE")]
-    with connection.cursor() as cursor:
+    db_roles.apply(logins=[(ONE_TENANT_LOGIN, (db_roles.AGENT,), ("default",))])
+    agent, limited, owner = Stopwatch("agent"), Stopwatch("one tenant"), Stopwatch("owner")
+    shared = connections["default"]
+    sides = []
+    for watch, role in ((agent, db_roles.ROLE[db_roles.AGENT]), (limited, ONE_TENANT_LOGIN),
+                        (owner, None)):
+        own = connections.create_connection("default")
+        with own.cursor() as cursor:
+            cursor.execute(f"SET ROLE {role}" if role else "RESET ROLE")
+        sides.append((watch, own))
+    try:
+        for _ in range(20):  # warm each connection's caches and plans
+            for _, own in sides:
+                connections["default"] = own
+                lifecycle()
         for r in range(n):
-            for watch, switch in sides if r % 2 == 0 else sides[::-1]:
-                cursor.execute(switch)
+            for watch, own in sides[r % 3:] + sides[:r % 3]:
+                connections["default"] = own
                 watch.time(lifecycle)
-        cursor.execute("RESET ROLE")
-    return agent, owner
+    finally:
+        connections["default"] = shared
+        for _, own in sides:
+            own.close()
+    return agent, limited, owner
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from ledger.errors import (
     ApprovalRequired,
     IllegalTransition,
     InvalidInput,
+    NotFound,
     SecondPersonRequired,
     StaleVersion,
 )
@@ -236,7 +237,10 @@ def request(op: Operation, *, note: str = "", actor: str | None = None) -> Opera
     people = max([1, *(p.people_needed for p in policies_for(op.tenant, op.operation))])
     now = timezone.now()
     with transaction.atomic(durable=True):
-        current = Operation.objects.select_for_update().get(pk=op.pk)
+        current = Operation.objects.select_for_update().filter(pk=op.pk).first()
+        if current is None:  # gone, or another tenant's for a login limited to its own
+            raise NotFound(f"expected operation {op.operation_id!r} among the tenants this "
+                           "login may see, found none")
         if current.state != State.PLANNED:
             raise IllegalTransition(
                 f"expected operation {op.operation_id} planned to ask approval of it, found "

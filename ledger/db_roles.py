@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from django.db import DatabaseError, ProgrammingError, connection, transaction
 
 from ledger import errors
+from ledger.inputs import check_identifier
 
 AGENT, RECONCILER, DESK = "agent", "reconciler", "desk"
 KINDS = (AGENT, RECONCILER, DESK)
@@ -141,8 +142,112 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_workerlock": {},
     # people and keys: the desk's
     "ledger_tenantaccess": {DESK: "INSERT, DELETE"},
+    # the tenants of a tenant-limited login: the owner's (ensure_login) alone
+    "ledger_logintenant": {},
     "ledger_agentkey": {DESK: "INSERT, UPDATE (revoked_at, revoked_by_name)"},
 }
+
+# Tenant-limited logins (`ensure_login(..., tenants=...)`, migration 0048): table => which
+# of its rows such a login may read and write, a condition on the row with `{tenants}` for
+# the login's tenants (a text[]) and `{row}` for the table (a subquery's columns would
+# otherwise capture the row's own of the same name). `_grant_all` makes one row-level
+# security policy per table from it and the limited logins' tenants (`tenant_policy`), for
+# every role, so a worker, the desk, an agent login without tenants and
+# the web login pass as before; the owner and the SECURITY DEFINER functions are not
+# subject to it. A ledger table missing here stops db_roles, like one missing from
+# LEDGER_WRITES. FALSE: no row is any tenant's, so a limited login sees none.
+_OWN = "{row}.tenant = ANY ({tenants})"
+
+
+def _of(parent: str, column: str, *, optional: bool = False) -> str:
+    """The row's `column` names a row of `parent` this session sees (`ledger_<parent>_seen`,
+    migration 0048: the parent's own policy decides): a tenant the writer puts on the row
+    is not taken for its parent's."""
+    seen = f"ledger_{parent}_seen({{row}}.{column})"
+    return f"({{row}}.{column} IS NULL OR {seen})" if optional else seen
+
+
+_OF_OPERATION = _of("operation", "operation_id")
+_OWN_OF_OPERATION = f"{_OWN} AND {_OF_OPERATION}"
+_OWN_OF_RUN = f"{_OWN} AND {_of('run', 'run_id')}"
+TENANT_ROWS: dict[str, str] = {
+    "ledger_operation": f"{_OWN} AND {_of('run', 'run_id', optional=True)} "
+                        f"AND {_of('step', 'step_id', optional=True)}",
+    # (its operation's tenant: event_tenant_check, at commit, since record_intent writes an
+    # operation and its first event in one statement, whose parts cannot see each other)
+    "ledger_operationevent": _OWN,
+    "ledger_evidence": _OF_OPERATION,
+    # (a fact's links to other facts, superseded_by and contradicts, are not checked here:
+    # each would check the fact it links to, and that fact's links, in turn)
+    "ledger_fact": f"{_OWN} AND {_of('run', 'run_id', optional=True)}",
+    "ledger_factdecision": _OWN,
+    "ledger_factconflict": f"{_OWN} AND {_of('fact', 'current_id')} "
+                           f"AND {_of('fact', 'candidate_id')}",
+    "ledger_obligation": _OWN_OF_RUN,
+    "ledger_run": _OWN,
+    "ledger_step": _of("run", "run_id"),
+    "ledger_step_depends_on": f"{_of('step', 'from_step_id')} AND {_of('step', 'to_step_id')}",
+    "ledger_episode": _OWN_OF_RUN,
+    "ledger_lease": "ledger_lease_tenant_may(resource, {tenants})",
+    "ledger_approvalrequest": _OWN_OF_OPERATION,
+    "ledger_approval": _OWN_OF_OPERATION,
+    "ledger_approvalpolicy": _OWN,
+    "ledger_approvalpolicychange": _OWN,
+    "ledger_resolutionproposal": _OWN_OF_OPERATION,
+    "ledger_operationnote": _OWN_OF_OPERATION,
+    "ledger_claim": _OWN_OF_OPERATION,
+    "ledger_savedview": _OWN,
+    "ledger_chainhead": _OWN,
+    "ledger_chainanchor": _OWN,
+    "ledger_redaction": _OWN,
+    "ledger_auditcheckpoint": _OWN,
+    "ledger_retentionpolicy": _OWN,
+    "ledger_stateretentionpolicy": _OWN,
+    "ledger_notificationchannel": _OWN,
+    "ledger_notificationchannelchange": _OWN,
+    "ledger_notificationbatch": _OWN,
+    "ledger_notificationsent": _OF_OPERATION,
+    "ledger_deliveryattempt": _OWN,
+    "ledger_tenantaccess": _OWN,
+    "ledger_tenantaccesschange": _OWN,
+    # a key is seen by a login limited to all of the key's tenants
+    "ledger_agentkey": "tenants <@ to_jsonb({tenants})",
+    "ledger_agentkeychange": "tenants <@ to_jsonb({tenants})",
+    # rows of no tenant, or of every tenant (a verification's heads, a purge's counts)
+    "ledger_auditverification": "false",
+    "ledger_purgerun": "false",
+    "ledger_retentionchange": "false",
+    "ledger_workerlock": "false",
+}
+# Its own policy (migration 0048): a login reads its own rows only.
+LOGIN_TENANT_TABLE = "ledger_logintenant"
+TENANT_POLICY = "ledger_tenant_rows"
+def tenant_policy(table: str, limited: dict[str, list[str]]) -> str:
+    """The USING / WITH CHECK expression of `table`'s tenant policy, given the logins of
+    this database limited to tenants, {login: its tenants}. The logins and their tenants
+    are written into the policy: a session is held to the condition with the tenants of
+    its session user (the login: `SET ROLE` cannot shed it) and with those of its current
+    user (the owner's `SET ROLE acme_agent` acts as that login), each when limited; any
+    other session passes on a comparison with constants, without a function call or a
+    read of ledger_logintenant. With no limited login, the policy is `true`."""
+    if not limited:
+        return "true"
+    held, condition = [], TENANT_ROWS[table]
+    for user in ("session_user", "current_user"):
+        tenants = (f"(CASE {user}::text "
+                   + " ".join(f"WHEN {_literal(login)} THEN ARRAY["
+                              + ", ".join(_literal(t) for t in sorted(names)) + "]::text[]"
+                              for login, names in sorted(limited.items()))
+                   + " END)")
+        held.append((tenants, condition.format(tenants=tenants, row=_quote(table))))
+    if "{tenants}" not in condition:  # a parent's policy decides: one check, not two
+        return f"({held[0][0]} IS NULL AND {held[1][0]} IS NULL) OR ({held[0][1]})"
+    return " AND ".join(f"({tenants} IS NULL OR ({held_to}))" for tenants, held_to in held)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
 
 # SECURITY DEFINER functions (owned by the tables' owner) and who may call them.
 FUNCTIONS: dict[str, tuple[str, ...]] = {
@@ -156,6 +261,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ledger_lease_release(text, text, bigint)": (AGENT, RECONCILER),
     # the sealer's and the notification loop's locks (ledger.chain, ledger.notifications)
     "ledger_worker_lock(text)": (RECONCILER,),
+    # `manage.py check --deploy` (ledger.W122), from any process's login
+    "ledger_unlimited_agent_logins()": KINDS,
 }
 
 # Django's own tables (auth, sessions, admin log, content types, axes): the desk's alone.
@@ -208,9 +315,10 @@ class RolesRefused(Exception):
     """db_roles cannot make the roles safe: what was expected, what was found."""
 
 
-def apply(*, logins: Iterable[tuple[str, tuple[str, ...]]] = ()) -> list[str]:
-    """Create or update the three group roles and their grants, then `logins`; returns
-    what was done, one line each. Runs as the tables' owner."""
+def apply(*, logins: Iterable[tuple] = ()) -> list[str]:
+    """Create or update the three group roles, their grants and the tenant policies, then
+    `logins`, each (name, kinds) or (name, kinds, tenants); returns what was done, one line
+    each. Runs as the tables' owner."""
     check_migrations()
     done = []
     for kind in KINDS:
@@ -220,9 +328,12 @@ def apply(*, logins: Iterable[tuple[str, tuple[str, ...]]] = ()) -> list[str]:
         _check_safe(ROLE[kind], owner)
     _retry(lambda: _grant_all(owner))
     done.append("roles ledger_agent, ledger_reconciler, ledger_desk: grants in place")
-    for name, kinds in logins:
-        ensure_login(name, kinds)
-        done.append(f"login {name}: member of {', '.join(ROLE[k] for k in kinds)}")
+    for name, kinds, *tenants in logins:
+        limited = tuple(tenants[0]) if tenants and tenants[0] else ()
+        ensure_login(name, kinds, tenants=limited)
+        done.append(f"login {name}: member of {', '.join(ROLE[k] for k in kinds)}, "
+                    + (f"limited to tenants {', '.join(limited)}" if limited
+                       else "every tenant"))
     return done
 
 
@@ -239,9 +350,22 @@ def check_migrations() -> None:
             f"(first: {missing[0] if missing else plan[0][0]}); run manage.py migrate first")
 
 
-def ensure_login(name: str, kinds: Iterable[str]) -> None:
-    """A LOGIN role `name` in the group roles of `kinds` (and no other of them)."""
+def ensure_login(name: str, kinds: Iterable[str], *, tenants: Iterable[str] = ()) -> None:
+    """A LOGIN role `name` in the group roles of `kinds` (and no other of them), limited by
+    PostgreSQL to `tenants` (row-level security, TENANT_ROWS), or to none when empty: its
+    tenants are replaced by exactly these in the same transaction as its memberships. Only
+    an agent's login of that kind alone may be limited (the web login serves every key's
+    tenants; the workers serve every tenant)."""
     kinds = tuple(kinds)
+    tenants = tuple(dict.fromkeys(tenants))
+    if tenants and kinds != (AGENT,):
+        raise RolesRefused(f"expected --tenants for a login of kind agent alone, found {name} "
+                           f"asked for {', '.join(kinds) or 'no kind'}")
+    for tenant in tenants:
+        try:
+            check_identifier(tenant, "tenant", 100)
+        except errors.InvalidInput as exc:
+            raise RolesRefused(f"login {name}: {exc}") from exc
     unknown = [k for k in kinds if k not in ROLE]
     if not kinds or unknown:
         raise RolesRefused(f"expected a login's kinds among {', '.join(KINDS)}, found "
@@ -268,6 +392,13 @@ def ensure_login(name: str, kinds: Iterable[str]) -> None:
                 cursor.execute(f"ALTER ROLE {_quote(name)} SET role = {_quote(ROLE[AGENT])}")
             else:
                 cursor.execute(f"ALTER ROLE {_quote(name)} RESET role")
+            before = _limited_logins(cursor)
+            cursor.execute(f"DELETE FROM {LOGIN_TENANT_TABLE} WHERE login = %s", [name])
+            for tenant in tenants:
+                cursor.execute(f"INSERT INTO {LOGIN_TENANT_TABLE} (login, tenant) "
+                               "VALUES (%s, %s)", [name, tenant])
+            if _limited_logins(cursor) != before:  # the policies name logins and tenants
+                _tenant_policies(cursor)
     _retry(memberships)
 
 
@@ -373,6 +504,38 @@ def _grant_all(owner: str) -> None:
         for function, kinds in FUNCTIONS.items():
             cursor.execute(f"GRANT EXECUTE ON FUNCTION {function} TO "
                            + ", ".join(_quote(ROLE[k]) for k in kinds))
+        _tenant_policies(cursor, [t for t in tables if t.startswith("ledger_")])
+
+
+def _tenant_policies(cursor, tables: list[str] | None = None) -> None:
+    """Row-level security on every ledger table, one policy each from TENANT_ROWS and the
+    logins limited to tenants (replaced on every run, and whenever a login's tenants
+    change: `ensure_login`)."""
+    if tables is None:
+        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                       "AND tablename LIKE 'ledger\\_%' ORDER BY tablename")
+        tables = [name for (name,) in cursor.fetchall()]
+    unknown = [t for t in tables if t not in TENANT_ROWS and t != LOGIN_TENANT_TABLE]
+    if unknown:
+        raise RolesRefused(
+            f"expected every ledger table in ledger.db_roles.TENANT_ROWS, found "
+            f"{', '.join(unknown)} missing: decide which of its rows a tenant-limited "
+            "login may touch")
+    limited = _limited_logins(cursor)
+    for table in tables:
+        if table == LOGIN_TENANT_TABLE:
+            continue
+        condition = tenant_policy(table, limited)
+        cursor.execute(f"ALTER TABLE {_quote(table)} ENABLE ROW LEVEL SECURITY")
+        cursor.execute(f"DROP POLICY IF EXISTS {TENANT_POLICY} ON {_quote(table)}")
+        cursor.execute(f"CREATE POLICY {TENANT_POLICY} ON {_quote(table)} FOR ALL TO PUBLIC "
+                       f"USING ({condition}) WITH CHECK ({condition})")
+
+
+def _limited_logins(cursor) -> dict[str, list[str]]:
+    cursor.execute(f"SELECT login, array_agg(tenant::text ORDER BY tenant) "
+                   f"FROM {LOGIN_TENANT_TABLE} GROUP BY login ORDER BY login")
+    return dict(cursor.fetchall())
 
 
 def session_role() -> tuple[str, str, bool, bool]:
@@ -463,20 +626,42 @@ class RequestRoleMiddleware:
 
 def check_login(app_configs=None, **kwargs):
     """`manage.py check --deploy`: warn when this process's login is a superuser or a
-    member of the tables' owner (it could switch the ledger's rules off)."""
+    member of the tables' owner (it could switch the ledger's rules off), and about each
+    agent login PostgreSQL limits to no tenant."""
     from django.core.checks import Warning
 
     try:
         current, session, superuser, owner = session_role()
     except DatabaseError:
         return []  # no database to ask (a check before the server exists): nothing to judge
+    found = []
     if superuser or owner:
         what = "a superuser" if superuser else "the tables' owner or a member of it"
-        return [Warning(
+        found.append(Warning(
             f"expected this process to log in as one kind's login (manage.py db_roles "
             f"--login; docs/security.md), found {session}, {what}: it could switch the "
             "ledger's rules off and act as any kind of actor",
             hint="create the logins with manage.py db_roles --login NAME=KIND and set "
                  "DATABASE_URL (or LEDGER_DATABASE_USER) of each process to its own",
-            id="ledger.W121")]
-    return []
+            id="ledger.W121"))
+    return found + _unlimited_agent_logins()
+
+
+def _unlimited_agent_logins():
+    """ledger.W122: an agent's login (of kind agent alone) that PostgreSQL limits to no
+    tenant reads and writes every tenant's rows; the API's scoping is then Python's alone."""
+    from django.core.checks import Warning
+
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT ledger_unlimited_agent_logins()")
+            names = [name for (name,) in cursor.fetchall()]
+    except DatabaseError:
+        return []  # a database before migration 0048, or no roles yet: nothing to judge
+    return [Warning(
+        f"expected every agent login limited by PostgreSQL to its tenants, found {name} "
+        "limited to none: an in-process agent logged in as it reads and writes every "
+        "tenant's rows (docs/tenancy.md)",
+        hint=f"manage.py db_roles --login {name}=agent --tenants TENANT[,TENANT] (or "
+             "silence ledger.W122 where one agent serves every tenant)",
+        id="ledger.W122") for name in names]

@@ -9,11 +9,18 @@ from tests.factories import OperationFactory, UserFactory
 # refusals as each role): CI runs the whole suite on the embedded server, then these again
 # on the machine's server (`pytest -m server`).
 SERVER_DEPENDENT = {
-    "tests/test_database_setup.py", "tests/test_settings.py", "tests/test_serve.py",
-    "tests/ledger/test_db_roles.py", "tests/ledger/test_role_refusals.py",
-    "tests/ledger/test_app_role_attacks.py", "tests/api/test_web_roles.py",
-    "tests/ledger/test_trust_who.py", "tests/ledger/test_trust_leases_approvals.py",
-    "tests/ledger/test_chain_trust.py", "tests/ledger/test_fence_rows_added.py",
+    "tests/api/test_web_roles.py",
+    "tests/ledger/test_app_role_attacks.py",
+    "tests/ledger/test_chain_trust.py",
+    "tests/ledger/test_db_roles.py",
+    "tests/ledger/test_fence_rows_added.py",
+    "tests/ledger/test_rls_tenants.py",
+    "tests/ledger/test_role_refusals.py",
+    "tests/ledger/test_trust_leases_approvals.py",
+    "tests/ledger/test_trust_who.py",
+    "tests/test_database_setup.py",
+    "tests/test_serve.py",
+    "tests/test_settings.py",
 }
 
 

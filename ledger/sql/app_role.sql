@@ -114,6 +114,8 @@ DECLARE
         'ledger_workerlock', '',
         -- people and keys
         'ledger_tenantaccess', 'INSERT, DELETE',
+        -- the tenants of a tenant-limited login (manage.py db_roles --tenants): the owner's
+        'ledger_logintenant', '',
         'ledger_agentkey', 'INSERT, UPDATE (revoked_at, revoked_by_name)'
     );
 BEGIN
