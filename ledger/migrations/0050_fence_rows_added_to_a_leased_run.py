@@ -19,7 +19,7 @@ import ledger.models.triggers
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0047_positive_controls'),
+        ('ledger', '0048_login_tenants'),
     ]
 
     operations = [
