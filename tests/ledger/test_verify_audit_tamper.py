@@ -551,3 +551,25 @@ def test_a_records_chain_relinked_after_the_verifications_are_deleted_is_found_b
     assert status == 1 and "Traceback" not in err, (out, err)
     assert (f"broken link in records/default at seq {signed.seq}" in err
             and "is not the one signed checkpoint" in err), err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_the_purge_deletes_is_recorded_and_the_records_still_verify(reviewer, admin_user):
+    from ledger import approvals, claims
+    from ledger.models import OperationNote, RecordLink
+    from tests.factories import drive
+
+    approvals.set_policy("payments.*", user=admin_user)
+    op = OperationFactory(operation="payments.send", intent={"to": "acct-1", "amount": 5})
+    approvals.request(op, note="small refund")
+    approvals.approve(op, user=reviewer, reason="fine")
+    op = drive(op, State.SUCCEEDED)
+    note = claims.add_note(op, user=reviewer, text="refund sent")
+    retention.set_policy("*", purge_after_days=30, user=retention_admin())
+    complete_days_ago(op, 40)
+    retention.purge(actor="nightly")
+    assert not OperationNote.objects.filter(pk=note.pk).exists()
+    deleted = set(RecordLink.objects.filter(action="delete").values_list("source", flat=True))
+    assert deleted == {"operation_note", "approval_request", "approval"}, deleted
+    result = chain.verify(actor="after the purge")
+    assert result.is_intact, (result.first_break, result.records_differing)
