@@ -14,16 +14,20 @@ Each link's hash is `sha256(canonical_json({"body": payload, "prev": <previous h
   `unsealed()` says by how much (the audit page, /healthz and /metrics show it). Until it
   is sealed an event is protected by the append-only triggers alone, as every row is; from
   then on by the chain too. An operation with an unsealed event is not purged.
-- Human decisions on facts (`link(chain, tenant, payload)`) link in the writer's
-  transaction: a single upsert on the chain's `ChainHead` row takes the row lock (so
-  concurrent writers of one tenant take turns), advances `seq` and computes the hash in
-  PostgreSQL (`hash_sql`) from the head's previous hash, in one round trip. The caller
-  stores the returned seq and hash on its own row. They come at a person's pace.
+- Human decisions on facts (`FactDecision`, chain "fact_decisions") and the record links
+  of the rows people rely on (`RecordLink`, chain "records": approvals, notes, tenant grants
+  and their log, facts, ...; written by PostgreSQL's trigger `ledger_record_link` alone,
+  see `ledger.chain_content`) are written unsealed too and linked by the same sealer,
+  through `ledger_seal_links` (migration 0049): their `chain_seq` and `chain_hash` are never
+  the writer's. (`link(chain, tenant, payload)` still appends a link in the writer's
+  transaction, as the tables' owner only, since no role may write a chain head; no chain
+  of the ledger uses it.)
 
 A chain is registered in `CHAINS` with the model that carries it and the function that
-rebuilds a row's payload; `verify` walks every registered chain. Operation events are the
-first; human decisions on facts register the same way. A purge that deletes links writes a
-`ChainAnchor` (seq, hash) for the last deleted link of each gap, so the rest still verifies.
+rebuilds a row's payload; `verify` walks every registered chain (operation events, fact
+decisions, records), then holds every row of the record sources to its latest link. A
+purge that deletes links writes a `ChainAnchor` (seq, hash) for the last deleted link of
+each gap, so the rest still verifies.
 
 What an operation event's link covers has a format (`OperationEvent.chain_format`):
 format 1 the transition alone; format 2 also the operation's `external_id` after the move,
