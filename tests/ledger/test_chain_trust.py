@@ -286,3 +286,37 @@ def test_the_owner_cannot_link_a_fact_decision_or_write_a_record_link_either():
         with pytest.raises(DatabaseError, match=says), transaction.atomic(), \
                 connection.cursor() as cursor:
             cursor.execute(sql, params)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_roles_writes_are_recorded_by_postgresql_whatever_the_role_may_not_write():
+    """The agent's fact and approval request and the desk's note are each recorded by a link
+    PostgreSQL writes (the roles have no privilege on ledger_recordlink), and verify."""
+    from ledger import claims
+    from ledger.models import OperationNote, RecordLink
+
+    op = OperationFactory(state=State.PLANNED, operation="payments.send")
+    agent = run_as(TEST_LOGINS["agent"], f"""
+from ledger import approvals, facts
+from ledger.models import Operation
+fact = facts.assert_fact("invoice:1", "status", "sent", source="billing")
+approvals.request(Operation.objects.get(pk={op.pk}), note="please")
+result = {{"fact": fact.pk, "request": Operation.objects.get(pk={op.pk}).approval_request.pk}}
+""")
+    reviewer = UserFactory(username="rev1", role="reviewer")
+    note = claims.add_note(op, user=reviewer, text="checked")
+    desk = run_as(TEST_LOGINS["desk"], f"""
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute("INSERT INTO ledger_operationnote (operation_id, tenant, author_id, "
+                   "author_name, text, created_at) SELECT operation_id, tenant, author_id, "
+                   "author_name, 'second look', now() FROM ledger_operationnote "
+                   "WHERE id = {note.pk} RETURNING id")
+    result = {{"note": cursor.fetchone()[0]}}
+""")
+    written = {(source, row) for source, row in RecordLink.objects.filter(
+        action="insert").values_list("source", "row_id")}
+    assert {("fact", agent["fact"]), ("approval_request", agent["request"]),
+            ("operation_note", desk["note"])} <= written, written
+    assert OperationNote.objects.filter(pk=desk["note"]).exists()
+    assert chain.verify(actor="test").is_intact
