@@ -14,16 +14,20 @@ Each link's hash is `sha256(canonical_json({"body": payload, "prev": <previous h
   `unsealed()` says by how much (the audit page, /healthz and /metrics show it). Until it
   is sealed an event is protected by the append-only triggers alone, as every row is; from
   then on by the chain too. An operation with an unsealed event is not purged.
-- Human decisions on facts (`link(chain, tenant, payload)`) link in the writer's
-  transaction: a single upsert on the chain's `ChainHead` row takes the row lock (so
-  concurrent writers of one tenant take turns), advances `seq` and computes the hash in
-  PostgreSQL (`hash_sql`) from the head's previous hash, in one round trip. The caller
-  stores the returned seq and hash on its own row. They come at a person's pace.
+- Human decisions on facts (`FactDecision`, chain "fact_decisions") and the record links
+  of the rows people rely on (`RecordLink`, chain "records": approvals, notes, tenant grants
+  and their log, facts, ...; written by PostgreSQL's trigger `ledger_record_link` alone,
+  see `ledger.chain_content`) are written unsealed too and linked by the same sealer,
+  through `ledger_seal_links` (migration 0049): their `chain_seq` and `chain_hash` are never
+  the writer's. (`link(chain, tenant, payload)` still appends a link in the writer's
+  transaction, as the tables' owner only, since no role may write a chain head; no chain
+  of the ledger uses it.)
 
 A chain is registered in `CHAINS` with the model that carries it and the function that
-rebuilds a row's payload; `verify` walks every registered chain. Operation events are the
-first; human decisions on facts register the same way. A purge that deletes links writes a
-`ChainAnchor` (seq, hash) for the last deleted link of each gap, so the rest still verifies.
+rebuilds a row's payload; `verify` walks every registered chain (operation events, fact
+decisions, records), then holds every row of the record sources to its latest link. A
+purge that deletes links writes a `ChainAnchor` (seq, hash) for the last deleted link of
+each gap, so the rest still verifies.
 
 What an operation event's link covers has a format (`OperationEvent.chain_format`):
 format 1 the transition alone; format 2 also the operation's `external_id` after the move,
@@ -74,7 +78,7 @@ from django.utils import timezone
 
 from ledger.canonical import REDACTED, canonical_json
 from ledger.chain_content import CURRENT_FORMAT as CURRENT_FORMAT
-from ledger.chain_content import DIGESTS, digest_sql
+from ledger.chain_content import DIGESTS, RECORD_SOURCES, digest_sql, record_content_sql
 from ledger.chain_content import content_sql as content_sql
 from ledger.models import AuditVerification, ChainAnchor, ChainHead
 from ledger.states import ActorKind
@@ -178,18 +182,20 @@ def timestamp(value: datetime) -> str:
 SEAL_BATCH = 1000
 
 
-def seal_lock_name(tenant: str) -> str:
-    """The worker's lock a sealer takes per tenant (`ledger_worker_lock`, a row lock only the
-    reconciler's role may take): a second sealer skips the tenant rather than wait (its work
-    would be refused), and no agent's or person's login can hold it to stall the sealer."""
-    return f"seal:{tenant}"
+def seal_lock_name(tenant: str, chain: str = "operation_events") -> str:
+    """The worker's lock a sealer takes per chain and tenant (`ledger_worker_lock`, a row
+    lock only the reconciler's role may take): a second sealer skips the tenant rather than
+    wait (its work would be refused), and no agent's or person's login can hold it to stall
+    the sealer."""
+    return f"seal:{tenant}" if chain == "operation_events" else f"seal:{chain}:{tenant}"
 
 
 def seal(*, tenant: str | None = None, limit: int = SEAL_BATCH) -> int:
-    """Link every committed, unsealed operation event into its tenant's chain; the count.
+    """Link every committed, unsealed row of every sealed chain (operation events, fact
+    decisions, records) into its tenant's chain; the count of rows linked.
 
-    Per tenant, batches of `limit` events in id order, each in its own transaction (a
-    savepoint inside a caller's): a crash mid-batch leaves that batch unsealed, the earlier
+    Per chain and tenant, batches of `limit` rows in id order, each in its own transaction
+    (a savepoint inside a caller's): a crash mid-batch leaves that batch unsealed, the earlier
     ones sealed, the chain intact. Each tenant is sealed in isolation: a tenant whose batch
     fails (say a link PostgreSQL refuses) is logged and left for the next sweep, and the
     other tenants are sealed all the same. A tenant another sealer is working on is
@@ -198,29 +204,31 @@ def seal(*, tenant: str | None = None, limit: int = SEAL_BATCH) -> int:
     if limit < 1:
         raise ValueError(f"expected a batch limit of at least 1, found {limit}")
     sealed = 0
-    for name in [tenant] if tenant is not None else _unsealed_tenants():
-        try:
-            while True:
-                count = _seal_batch(name, limit)
-                sealed += count
-                if count < limit:
-                    break
-        except Exception as exc:  # one tenant's failure never holds another's
-            logger.error("sealing tenant %r failed; its unsealed events wait for the next "
-                         "sweep, the other tenants are sealed: %s: %s", name,
-                         type(exc).__name__, str(exc).strip(),
-                         exc_info=not isinstance(exc, DatabaseError))
+    for spec in SEALED_CHAINS:
+        for name in [tenant] if tenant is not None else _unsealed_tenants(spec):
+            try:
+                while True:
+                    count = _seal_batch(spec, name, limit)
+                    sealed += count
+                    if count < limit:
+                        break
+            except Exception as exc:  # one tenant's failure never holds another's
+                logger.error("sealing tenant %r failed; its unsealed events wait for the next "
+                             "sweep, the other tenants are sealed: %s: %s", name,
+                             type(exc).__name__, str(exc).strip(),
+                             exc_info=not isinstance(exc, DatabaseError))
     return sealed
 
 
-def _unsealed_tenants() -> list[str]:
-    # A loose index scan of the partial index of unsealed events: one probe per tenant.
+def _unsealed_tenants(spec: ChainSpec) -> list[str]:
+    # A loose index scan of the partial index of unsealed rows: one probe per tenant.
+    table = spec.rows().model._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute("""
+        cursor.execute(f"""
             WITH RECURSIVE t(tenant) AS (
-                SELECT min(tenant) FROM ledger_operationevent WHERE chain_seq IS NULL
+                SELECT min(tenant) FROM {table} WHERE chain_seq IS NULL
                 UNION ALL
-                SELECT (SELECT min(e.tenant) FROM ledger_operationevent e
+                SELECT (SELECT min(e.tenant) FROM {table} e
                          WHERE e.chain_seq IS NULL AND e.tenant > t.tenant)
                   FROM t WHERE t.tenant IS NOT NULL)
             SELECT tenant FROM t WHERE tenant IS NOT NULL
@@ -228,21 +236,22 @@ def _unsealed_tenants() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _lock_tenant(tenant: str) -> bool:
-    """Take the sealer's lock of `tenant` for the transaction, without waiting; whether it
-    was taken (another sealer holds it: skip the tenant). The one place the lock is taken."""
+def _lock_tenant(tenant: str, chain: str = "operation_events") -> bool:
+    """Take the sealer's lock of `tenant`'s `chain` for the transaction, without waiting;
+    whether it was taken (another sealer holds it: skip the tenant). The one place the lock
+    is taken."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT ledger_worker_lock(%s)", [seal_lock_name(tenant)])
+        cursor.execute("SELECT ledger_worker_lock(%s)", [seal_lock_name(tenant, chain)])
         return cursor.fetchone()[0]
 
 
-def _seal_batch(tenant: str, limit: int) -> int:
+def _seal_batch(spec: ChainSpec, tenant: str, limit: int) -> int:
     with transaction.atomic():
-        if not _lock_tenant(tenant):
+        if not _lock_tenant(tenant, spec.name):
             return 0
-        head = (ChainHead.objects.filter(chain=OPERATION_EVENTS.name, tenant=tenant)
+        head = (ChainHead.objects.filter(chain=spec.name, tenant=tenant)
                 .values_list("seq", "hash").first()) or (0, GENESIS)
-        rows = list(_event_rows().filter(tenant=tenant, chain_seq__isnull=True)
+        rows = list(spec.rows().filter(tenant=tenant, chain_seq__isnull=True)
                     .order_by("id")[:limit])
         if not rows:
             return 0
@@ -250,11 +259,16 @@ def _seal_batch(tenant: str, limit: int) -> int:
         hashes = []
         for row in rows:
             seq += 1
-            prev = link_hash(operation_event_payload(row), prev=prev, seq=seq)
+            prev = link_hash(spec.payload(row), prev=prev, seq=seq)
             hashes.append(prev)
+        ids = [row.pk for row in rows]
         with connection.cursor() as cursor:
-            cursor.execute("SELECT ledger_seal_events(%s, %s, %s, %s, %s)",
-                           [tenant, [row.pk for row in rows], hashes, head[0], head[1]])
+            if spec.name == "operation_events":
+                cursor.execute("SELECT ledger_seal_events(%s, %s, %s, %s, %s)",
+                               [tenant, ids, hashes, head[0], head[1]])
+            else:
+                cursor.execute("SELECT ledger_seal_links(%s, %s, %s, %s, %s, %s)",
+                               [spec.name, tenant, ids, hashes, head[0], head[1]])
     return len(rows)
 
 
@@ -447,6 +461,40 @@ FACT_DECISIONS = register(
 )
 
 
+def record_link_payload(row) -> dict[str, Any]:
+    """The content of one RecordLink that its chain hash covers."""
+    return {
+        "kind": "record_link",
+        "tenant": row.tenant,
+        "source": row.source,
+        "row": row.row_id,
+        "action": row.action,
+        "content": row.content,
+        "before": row.before,
+        "created_at": timestamp(row.created_at),
+    }
+
+
+def _record_rows():
+    from ledger.models import RecordLink
+
+    return RecordLink.objects.all()
+
+
+RECORDS = register(
+    ChainSpec(
+        name="records",
+        rows=_record_rows,
+        payload=record_link_payload,
+        describe=lambda row: {"record_link_id": row.pk, "source": row.source,
+                              "row_id": row.row_id},
+    )
+)
+
+# The chains the sealer links, in the order it seals them.
+SEALED_CHAINS = (OPERATION_EVENTS, FACT_DECISIONS, RECORDS)
+
+
 # --- verification -----------------------------------------------------------------------
 
 
@@ -482,6 +530,10 @@ class Verification:
     # Every operation row that differs from its last event (at most MAX_DIFFERING per
     # tenant; each head's `operations_differing` counts them all).
     differing: list[Break] = field(default_factory=list)
+    # Every row under the records chain that differs from its latest link, or has none,
+    # or is gone while its link says it exists (at most MAX_DIFFERING per tenant; each
+    # records head's `records_differing` counts them all).
+    records_differing: list[Break] = field(default_factory=list)
 
     @property
     def is_intact(self) -> bool:
@@ -571,6 +623,17 @@ def verify(
                 breaks.setdefault(key, found[0])
             if "operations_differing" in counts:
                 differing += found
+        records_differing: list[Break] = []
+        for tenant, counts, found in _check_records():
+            key = (RECORDS.name, tenant)
+            if key not in heads:  # rows of a tenant whose records chain is gone entirely
+                heads[key] = {"chain": key[0], "tenant": tenant, "seq": 0, "hash": "",
+                              "links_checked": 0}
+                order.append(key)
+            heads[key].update(counts)
+            if found:
+                breaks.setdefault(key, found[0])
+                records_differing += found
         for key in order:
             heads[key]["is_intact"] = key not in breaks
         first_break = next((breaks[key] for key in order if key in breaks), None)
@@ -582,7 +645,8 @@ def verify(
             first_break=first_break.as_dict() if first_break else None,
             heads=[heads[key] for key in order],
         )
-    return Verification(record=record, first_break=first_break, differing=differing)
+    return Verification(record=record, first_break=first_break, differing=differing,
+                        records_differing=records_differing)
 
 
 @contextmanager
@@ -1011,3 +1075,121 @@ def _content_text(content: dict[str, Any], keys: list[str]) -> str:
 def _row_state(state: str, version: int, external_id: str, with_id: bool) -> str:
     text = f"state {state}, version {version}"
     return text + (f", external_id {external_id!r}" if with_id else "")
+
+
+# --- rows people rely on against their latest record link -----------------------------------
+
+# Every stored row of the record sources beside the latest link of each (source, row):
+# those that differ (content), that no link accounts for (inserted out of band), that are
+# gone while their link says they exist (deleted out of band), or that a delete link says
+# are gone but are there (re-inserted out of band).
+_STORED_RECORDS = " UNION ALL ".join(
+    f"SELECT '{source}'::varchar AS source, t.id::bigint AS row_id, t.tenant::varchar AS tenant, "
+    f"{record_content_sql('t')} AS content FROM {table} t"
+    for source, table in RECORD_SOURCES.items())
+_CHECK_RECORDS = f"""
+    WITH latest AS (
+        SELECT DISTINCT ON (source, row_id) id, tenant, source, row_id, action, content,
+               chain_seq
+          FROM ledger_recordlink ORDER BY source, row_id, id DESC),
+    stored AS ({_STORED_RECORDS}),
+    joined AS (
+        SELECT coalesce(l.tenant, s.tenant) AS tenant, coalesce(l.source, s.source) AS source,
+               coalesce(l.row_id, s.row_id) AS row_id, l.id AS link_id,
+               l.chain_seq, l.action, l.content AS linked, s.row_id IS NOT NULL AS is_stored,
+               s.content AS held,
+               s.row_id IS NOT NULL AND (l.id IS NULL OR l.action = 'delete'
+                                         OR l.content IS DISTINCT FROM s.content)
+               OR s.row_id IS NULL AND l.action <> 'delete' AS differs
+          FROM stored s FULL JOIN latest l ON l.source = s.source AND l.row_id = s.row_id)
+    SELECT tenant, count(*) FILTER (WHERE is_stored), count(*) FILTER (WHERE differs),
+           (array_agg(jsonb_build_array(source, row_id, link_id, chain_seq, action, linked,
+                                        is_stored, held)
+                      ORDER BY source, row_id) FILTER (WHERE differs))[1:{{limit}}]
+      FROM joined GROUP BY tenant ORDER BY tenant
+"""
+
+
+# Each update or delete link against the link before it of the same row: what the row held
+# before the change must be what that link recorded. Otherwise the row was changed out of
+# band in between, and the later change would absorb it.
+_CUSTODY = """
+    SELECT tenant, source, row_id, id, chain_seq, action, before, prev_id, prev_content
+      FROM (SELECT l.*, lag(l.id) OVER w AS prev_id, lag(l.content) OVER w AS prev_content
+              FROM ledger_recordlink l WINDOW w AS (PARTITION BY source, row_id ORDER BY id)) x
+     WHERE action <> 'insert' AND (prev_id IS NULL OR before IS DISTINCT FROM prev_content)
+     ORDER BY tenant, chain_seq NULLS LAST, id
+"""
+
+
+def _check_records() -> Iterator[tuple[str, dict[str, int], list[Break]]]:
+    """Per tenant: (tenant, counts, a break per record row that differs from its latest
+    link, `_CHECK_RECORDS`, then per link whose `before` is not what the link before it
+    recorded, `_CUSTODY`)."""
+    custody: dict[str, list[Break]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_CUSTODY)
+        for (tenant, source, row_id, link_id, seq, action, before, prev_id,
+             prev) in cursor.fetchall():
+            before, prev = (json.loads(v) if isinstance(v, str) else v or {}
+                            for v in (before, prev))
+            changed = sorted(key for key in before.keys() | prev.keys()
+                             if before.get(key) != prev.get(key))
+            name = source.replace("_", " ")
+            ids = {"source": source, "row_id": row_id, "record_link_id": link_id}
+            custody.setdefault(tenant, []).append(Break(
+                RECORDS.name, tenant, seq or 0,
+                expected=(f"link {prev_id}'s content: " + ", ".join(
+                    f"{key} sha256 {prev.get(key)}" for key in changed))
+                if prev_id is not None else "a record link of its insert",
+                found=("before the " + action + ": " + ", ".join(
+                    f"{key} sha256 {before.get(key)}" for key in changed))
+                if prev_id is not None else "none",
+                ids=ids,
+                message=(f"the {name} row was changed out of band before this {action} "
+                         f"(in {', '.join(changed)})") if prev_id is not None else
+                        f"the {name} row had no record link before this {action}: it was "
+                        "inserted out of band"))
+        cursor.execute(_CHECK_RECORDS.format(limit=MAX_DIFFERING))
+        tenants = cursor.fetchall()
+    seen = set()
+    for tenant, stored, differing, rows in tenants:
+        seen.add(tenant)
+        found = custody.get(tenant, [])
+        counts = {"records_checked": stored, "records_differing": differing + len(found)}
+        rows = [json.loads(row) if isinstance(row, str) else row for row in rows or ()]
+        yield tenant, counts, [_record_differs(tenant, *row) for row in rows] + found
+    for tenant in sorted(custody.keys() - seen):
+        yield tenant, {"records_checked": 0, "records_differing": len(custody[tenant])}, \
+            custody[tenant]
+
+
+def _record_differs(tenant, source, row_id, link_id, seq, action, linked, is_stored, held
+                    ) -> Break:
+    ids = {"source": source, "row_id": row_id}
+    if link_id is not None:
+        ids["record_link_id"] = link_id
+    name = source.replace("_", " ")
+    if link_id is None:
+        return Break(RECORDS.name, tenant, 0, expected="a record link of it", found="none",
+                     ids=ids, message=f"the {name} row has no record link: it was inserted "
+                                      "out of band")
+    if not is_stored:
+        done = {"insert": "inserted", "update": "updated"}.get(action, action)
+        return Break(RECORDS.name, tenant, seq or 0, expected=f"the {name} row ({done})",
+                     found="none", ids=ids,
+                     message=f"the {name} row is gone but its last record link says it was "
+                             f"{done}: it was deleted out of band")
+    if action == "delete":
+        return Break(RECORDS.name, tenant, seq or 0, expected="no row (its last link deleted it)",
+                     found="the row", ids=ids,
+                     message=f"the {name} row is there but its last record link deleted it: "
+                             "it was inserted again out of band")
+    linked, held = linked or {}, held or {}
+    changed = sorted(key for key in linked.keys() | held.keys()
+                     if linked.get(key) != held.get(key))
+    return Break(RECORDS.name, tenant, seq or 0,
+                 expected=", ".join(f"{key} sha256 {linked.get(key)}" for key in changed),
+                 found=", ".join(f"{key} sha256 {held.get(key)}" for key in changed), ids=ids,
+                 message=f"the {name} row differs from its last record link in "
+                         f"{', '.join(changed)}: it was rewritten out of band")

@@ -99,3 +99,84 @@ EVENT_CHAIN_COLUMNS_SQL = f"""
       FROM ledger_operation o WHERE o.id = NEW.operation_id;
     RETURN NEW;
 """
+
+
+# --- rows people rely on, beside the operations (the "records" chain) -------------------------
+#
+# Every INSERT, UPDATE and DELETE of these tables appends a `RecordLink` (ledger.models.chain),
+# written by PostgreSQL alone: the AFTER ROW triggers `ledger_record_link` (migration 0049)
+# call the SECURITY DEFINER function of that name, which stores the row's tenant, table, id,
+# the move and, but for a delete, its content: per column, the sha256 of the column's value as
+# jsonb text (`ledger_record_content`, in UTC whatever the session's time zone). No role may
+# insert a link itself; the sealer links them into a chain per tenant (`ledger_seal_links`).
+# Verification holds every stored row to its latest link and every link to a stored row.
+# source (the name a link and a break give the table) -> table
+RECORD_SOURCES = {
+    "approval_policy": "ledger_approvalpolicy",
+    "approval_policy_change": "ledger_approvalpolicychange",
+    "approval_request": "ledger_approvalrequest",
+    "approval": "ledger_approval",
+    "resolution_proposal": "ledger_resolutionproposal",
+    "operation_note": "ledger_operationnote",
+    "tenant_access": "ledger_tenantaccess",
+    "tenant_access_change": "ledger_tenantaccesschange",
+    "fact": "ledger_fact",
+    "fact_conflict": "ledger_factconflict",
+    "fact_decision": "ledger_factdecision",
+}
+# Columns a record's content leaves out: a fact decision's own link, set once by the sealer
+# (its chain, "fact_decisions", covers the rest of the row too).
+RECORD_UNCOVERED = ("chain_seq", "chain_hash")
+
+
+def record_content_sql(row: str) -> str:
+    """The SQL of a record's content (`row`: a table alias), as the link stored it."""
+    return f"ledger_record_content({row})"
+
+
+def written_unsealed_sql(what: str, *, unsealed_hash: str = "NULL") -> str:
+    """A BEFORE INSERT trigger's body refusing a row written already linked: `chain_seq`
+    and `chain_hash` are the sealer's alone. `unsealed_hash`: the hash column's unset value."""
+    return f"""
+    IF NEW.chain_seq IS NOT NULL OR NEW.chain_hash IS DISTINCT FROM {unsealed_hash} THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('{what} of tenant %s: expected it written unsealed (chain_seq '
+                             'and chain_hash unset: only the sealer links it, through '
+                             'ledger_seal_links), found chain_seq %s',
+                             NEW.tenant, COALESCE(NEW.chain_seq::text, 'NULL'));
+    END IF;
+    RETURN NEW;
+"""
+
+
+def sealed_once_sql(what: str) -> str:
+    """A BEFORE UPDATE trigger's body: the one UPDATE a chained row admits (the statement
+    trigger admits only the sealer's function) sets its chain_seq and chain_hash, from
+    unset to set, and nothing else."""
+    rest = "to_jsonb(NEW) - 'chain_seq' - 'chain_hash'"
+    old = "to_jsonb(OLD) - 'chain_seq' - 'chain_hash'"
+    return f"""
+    IF OLD.chain_seq IS NOT NULL OR NEW.chain_seq IS NULL OR {rest} IS DISTINCT FROM {old} THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('{what} %s: expected the sealer to set an unsealed row''s '
+                             'chain_seq and chain_hash and nothing else, found chain_seq '
+                             '%s -> %s and other columns %s', OLD.id,
+                             COALESCE(OLD.chain_seq::text, 'unset'),
+                             COALESCE(NEW.chain_seq::text, 'unset'),
+                             CASE WHEN {rest} IS DISTINCT FROM {old}
+                                  THEN 'changed' ELSE 'unchanged' END);
+    END IF;
+    RETURN NEW;
+"""
+
+
+# A record link is written by `ledger_record_link` alone: from inside another table's
+# trigger (so at trigger depth 2), unsealed. A direct INSERT, the owner's too, is refused.
+RECORD_LINK_INSERT_SQL = """
+    IF pg_trigger_depth() < 2 THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('record link of %s %s (tenant %s): expected it written by '
+                             'PostgreSQL (the trigger ledger_record_link of the row''s table), '
+                             'found a direct INSERT', NEW.source, NEW.row_id, NEW.tenant);
+    END IF;
+""" + written_unsealed_sql("record link")

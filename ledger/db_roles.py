@@ -76,9 +76,10 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     # signed chain heads: written by manage.py audit_export, which holds the signing key and
     # runs as the tables' owner (ledger.audit_bundle)
     "ledger_auditcheckpoint": {},
-    # the chains' heads: the upsert of ledger.chain (people's decisions on facts); the
-    # operation events' heads move in ledger_seal_events
-    "ledger_chainhead": {DESK: "INSERT, UPDATE (seq, hash)"},
+    # the chains' heads move in the sealer's ledger_seal_events and ledger_seal_links alone
+    "ledger_chainhead": {},
+    # the records chain: written by PostgreSQL's trigger ledger_record_link alone
+    "ledger_recordlink": {},
     # retention: policies are the desk's; the purge (a background worker) writes its runs
     "ledger_retentionpolicy": {DESK: "INSERT, UPDATE, DELETE"},
     # execution state's policies likewise; their rows (facts, episodes, obligations) are
@@ -201,6 +202,7 @@ TENANT_ROWS: dict[str, str] = {
     "ledger_chainanchor": _OWN,
     "ledger_redaction": _OWN,
     "ledger_auditcheckpoint": _OWN,
+    "ledger_recordlink": _OWN,
     "ledger_retentionpolicy": _OWN,
     "ledger_stateretentionpolicy": _OWN,
     "ledger_notificationchannel": _OWN,
@@ -255,6 +257,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "ledger_retention_redact(bigint, bigint[])": (RECONCILER,),
     "ledger_retention_purge_state(bigint, bigint[])": (RECONCILER,),
     "ledger_seal_events(varchar, bigint[], varchar[], bigint, varchar)": (RECONCILER,),
+    "ledger_seal_links(varchar, varchar, bigint[], varchar[], bigint, varchar)": (RECONCILER,),
     "ledger_person_may(bigint, text, text)": (DESK,),
     "ledger_lease_acquire(text, text, interval)": (AGENT, RECONCILER),
     "ledger_lease_renew(text, text, bigint, interval)": (AGENT, RECONCILER),

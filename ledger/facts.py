@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import access, chain, conf, leases, runs
+from ledger import access, conf, leases, runs
 from ledger.canonical import fingerprint, redact, scrub_text
 from ledger.errors import InvalidInput, StaleFact, StaleVersion
 from ledger.inputs import (
@@ -289,14 +289,11 @@ def resolve_conflict(
             state=ConflictState.RESOLVED, resolved_at=written.created_at, resolved_by=user,
             resolution_reason=reason, chosen=chosen, resolved_fact=written,
         )
-        decision = FactDecision(
+        # Written unsealed: the sealer links it into the tenant's chain (ledger.chain.seal).
+        FactDecision.objects.create(
             tenant=conflict.tenant, conflict=conflict, chosen=chosen, written=written,
             user=user, username=username, reason=reason, created_at=timezone.now(),
         )
-        linked = chain.link(chain.FACT_DECISIONS.name, conflict.tenant,
-                            chain.fact_decision_payload(decision))
-        decision.chain_seq, decision.chain_hash = linked.seq, linked.hash
-        decision.save(force_insert=True)
     conflict.refresh_from_db()
     return written
 

@@ -1,10 +1,12 @@
-"""The sealer's loop: link committed operation events into their chains, continuously.
+"""The sealer's loop: link committed operation events, fact decisions and record links
+into their chains, continuously.
 
 `ledger.chain.seal` does one sweep; `run` repeats it every `interval` seconds until `stop`
 is set, so that the chain trails the writers by about that much (the audit page, /healthz
 and /metrics show by how much). `manage.py seal` runs it on its own; `manage.py reconcile`
 runs it in a thread beside its workers unless told not to. Several sealers may run: each
-tenant is sealed by one at a time (`chain._lock_tenant`, the one place its lock is taken).
+chain of a tenant is sealed by one at a time (`chain._lock_tenant`, the one place its lock
+is taken).
 Each tenant is sealed in isolation: a tenant whose batch fails is logged and tried again on
 the next sweep, and the other tenants are sealed meanwhile (`chain.seal`); a sweep that
 fails as a whole (the database gone) is logged and tried again.

@@ -19,7 +19,7 @@ import ledger.models.triggers
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0048_login_tenants'),
+        ('ledger', '0049_record_links'),
     ]
 
     operations = [

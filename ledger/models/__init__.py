@@ -8,7 +8,13 @@ from ledger.models.approvals import (
     ApprovalRequest,
     ResolutionProposal,
 )
-from ledger.models.chain import AuditCheckpoint, AuditVerification, ChainAnchor, ChainHead
+from ledger.models.chain import (
+    AuditCheckpoint,
+    AuditVerification,
+    ChainAnchor,
+    ChainHead,
+    RecordLink,
+)
 from ledger.models.coordination import (
     Lease,
     Run,
@@ -57,6 +63,7 @@ __all__ = [
     "AuditVerification",
     "ChainAnchor",
     "ChainHead",
+    "RecordLink",
     "Claim",
     "DeliveryAttempt",
     "ConflictState",

@@ -3,17 +3,19 @@ chain resumes, and the record of each verification (`ledger.chain`)."""
 
 import pgtrigger
 from django.db import models
+from django.db.models.functions import Now
 
+from ledger.chain_content import RECORD_LINK_INSERT_SQL, sealed_once_sql
+from ledger.models.operations import AppendOnly
 from ledger.models.retention import PurgeRun
-from ledger.models.triggers import Protect
+from ledger.models.triggers import Protect, Trigger
 
 
 class ChainHead(models.Model):
     """The latest link of one hash chain (`chain`, per tenant): its sequence and hash.
 
-    Written only by the upsert of `ledger.chain.link` (and its CTE in the statements of
-    `ledger.transitions`), which locks this row so concurrent writers of one tenant take
-    turns and never fork the chain.
+    Moved by the sealer's functions (`ledger_seal_events`, `ledger_seal_links`), which lock
+    this row and check it is where the sealer linked from, so two sealers never fork a chain.
     """
 
     chain = models.CharField(max_length=40)
@@ -105,3 +107,47 @@ class AuditCheckpoint(models.Model):
 
     def __str__(self):
         return f"checkpoint {self.chain}/{self.tenant} at {self.seq} ({self.signed_at:%Y-%m-%d})"
+
+
+class RecordLink(models.Model):
+    """One INSERT, UPDATE or DELETE of a row people rely on (an approval, a note, a grant,
+    a fact, ...: `ledger.chain_content.RECORD_SOURCES`), as PostgreSQL saw it: written by
+    the trigger `ledger_record_link` of that row's table (migration 0049) and by nothing
+    else, with the row's content (per column, a digest) computed from the row itself; linked
+    into its tenant's "records" chain by the sealer. Append-only."""
+
+    tenant = models.CharField(max_length=100)
+    source = models.CharField(max_length=40)
+    row_id = models.BigIntegerField()
+    action = models.CharField(max_length=10)  # insert, update, delete
+    content = models.JSONField(null=True, blank=True)  # None for a delete
+    # The row's content before an update or delete (None for an insert): it must be what the
+    # link before it recorded, so a change made out of band is not absorbed by a later one.
+    before = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    chain_seq = models.BigIntegerField(null=True, blank=True)
+    chain_hash = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "chain_seq"],
+                                    name="record_link_chain_seq_unique"),
+            models.CheckConstraint(condition=models.Q(action__in=["insert", "update", "delete"]),
+                                   name="record_link_action_known"),
+        ]
+        indexes = [
+            models.Index(fields=["source", "row_id", "id"], name="record_link_row_idx"),
+            models.Index(fields=["tenant", "id"], name="record_link_unsealed_idx",
+                         condition=models.Q(chain_seq__isnull=True)),
+        ]
+        ordering = ["id"]
+        triggers = [
+            AppendOnly(name="record_link_append_only", sealed=True),
+            Trigger(name="record_link_sealed_once", operation=pgtrigger.Update,
+                    when=pgtrigger.Before, func=sealed_once_sql("record link")),
+            Trigger(name="record_link_written_by_postgres", operation=pgtrigger.Insert,
+                    when=pgtrigger.Before, func=RECORD_LINK_INSERT_SQL),
+        ]
+
+    def __str__(self):
+        return f"{self.action} {self.source} {self.row_id} ({self.tenant})"

@@ -16,7 +16,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
+from ledger.chain_content import sealed_once_sql, written_unsealed_sql
 from ledger.models.coordination import RUN_LEASE, run_addition_fence_sql, run_fence_sql
+from ledger.models.operations import AppendOnly
 from ledger.models.triggers import FENCE_HINT, SANCTIONED, Protect, Trigger
 
 # The source of a person's decision on a fact conflict (ledger.facts.REVIEWER_SOURCE_PREFIX).
@@ -484,7 +486,8 @@ class FactDecision(models.Model):
     username = models.CharField(max_length=150)
     reason = models.TextField()
     created_at = models.DateTimeField(db_default=Now())
-    # Its link in the tenant's "fact_decisions" hash chain (ledger.chain).
+    # Its link in the tenant's "fact_decisions" hash chain (ledger.chain): unset ('' and
+    # None) as written; set once by the sealer.
     chain_seq = models.BigIntegerField(null=True, blank=True)
     chain_hash = models.CharField(max_length=64, blank=True)
 
@@ -496,9 +499,14 @@ class FactDecision(models.Model):
         indexes = [models.Index(fields=["created_at", "id"], name="fact_decision_time_idx")]
         ordering = ["created_at", "id"]
         triggers = [
-            Protect(
-                name="fact_decision_append_only", operation=pgtrigger.Update | pgtrigger.Delete
-            ),
+            # Linked by the sealer alone (ledger_seal_links): written unsealed, its link set
+            # once, nothing else ever changed.
+            AppendOnly(name="fact_decision_append_only", sealed=True),
+            Trigger(name="fact_decision_sealed_once", operation=pgtrigger.Update,
+                    when=pgtrigger.Before, func=sealed_once_sql("fact decision")),
+            Trigger(name="fact_decision_chain_columns", operation=pgtrigger.Insert,
+                    when=pgtrigger.Before,
+                    func=written_unsealed_sql("fact decision", unsealed_hash="''")),
         ]
 
     def __str__(self):

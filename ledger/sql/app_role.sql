@@ -27,8 +27,9 @@
 --   owner removes events and evidence or redacts a settled receipt, and on the state purge
 --   of migration 0035 (superseded facts, episodes, settled obligations); they audit
 --   themselves;
---   and on the sealer's `ledger_seal_events` (migration 0025), the only way an event's
---   chain position and hash are set (once, on an unsealed event); on the lease functions
+--   and on the sealer's `ledger_seal_events` (migration 0025) and `ledger_seal_links`
+--   (0049), the only way a link's chain position and hash are set (once, on an unsealed
+--   event, fact decision or record link); on the lease functions
 --   and the workers' lock of migration 0042, the only way a lease changes or a worker's
 --   lock is taken;
 -- * never TRUNCATE, REFERENCES or TRIGGER, never CREATE on the schema, never ownership; the
@@ -73,9 +74,10 @@ DECLARE
         'ledger_redaction', '',
         -- signed chain heads: manage.py audit_export, as the tables' owner
         'ledger_auditcheckpoint', '',
-        -- the chains' heads: the upsert of ledger.chain (human decisions on facts); the
-        -- operation events' heads move in ledger_seal_events
-        'ledger_chainhead', 'INSERT, UPDATE (seq, hash)',
+        -- the chains' heads move in the sealer's ledger_seal_events and ledger_seal_links
+        'ledger_chainhead', '',
+        -- the records chain: written by PostgreSQL's trigger ledger_record_link alone
+        'ledger_recordlink', '',
         -- retention: policies are the desk's; a run's counts are written by the purge
         'ledger_retentionpolicy', 'INSERT, UPDATE, DELETE',
         'ledger_stateretentionpolicy', 'INSERT, UPDATE, DELETE',
@@ -168,6 +170,8 @@ BEGIN
                    'TO %I', app_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_seal_events(varchar, bigint[], varchar[], '
                    'bigint, varchar) TO %I', app_role);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_seal_links(varchar, varchar, bigint[], '
+                   'varchar[], bigint, varchar) TO %I', app_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION ledger_lease_acquire(text, text, interval), '
                    'ledger_lease_renew(text, text, bigint, interval), '
                    'ledger_lease_release(text, text, bigint), ledger_worker_lock(text) TO %I',

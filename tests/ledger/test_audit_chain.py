@@ -336,7 +336,7 @@ AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentioncha
                 "ledger_episode", "ledger_tenantaccesschange", "ledger_agentkeychange",
                 "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal",
                 "ledger_operationnote", "ledger_notificationchannelchange",
-                "ledger_deliveryattempt", "ledger_auditcheckpoint"]
+                "ledger_deliveryattempt", "ledger_auditcheckpoint", "ledger_recordlink"]
 
 
 def test_the_role_script_covers_every_append_only_table():
@@ -391,6 +391,10 @@ def decide_a_conflict(subject: str):
 @pytest.mark.django_db(transaction=True)
 def test_human_decisions_on_facts_are_chained_and_verify():
     first, second = decide_a_conflict("order-1"), decide_a_conflict("order-2")
+    assert (first.chain_seq, second.chain_seq, first.chain_hash) == (None, None, "")
+    chain.seal()  # written unsealed; linked by the sealer alone
+    first.refresh_from_db()
+    second.refresh_from_db()
     assert (first.chain_seq, second.chain_seq) == (1, 2)
     assert chain.verify(actor="test").is_intact
 
@@ -399,9 +403,14 @@ def test_human_decisions_on_facts_are_chained_and_verify():
 def test_a_fact_decision_altered_behind_the_triggers_is_found_and_named():
     decide_a_conflict("order-1")
     victim = decide_a_conflict("order-2")
+    chain.seal()
     tamper("UPDATE ledger_factdecision SET reason = 'no reason' WHERE id = %s", [victim.pk])
     result = chain.verify(actor="test")
     assert not result.is_intact
     assert result.first_break.chain == "fact_decisions"
     assert result.first_break.ids == {"fact_decision_id": victim.pk,
                                       "conflict_id": victim.conflict_id}
+    # The records chain names it too (and would before the sealer linked it).
+    [record] = result.records_differing
+    assert (record.ids["source"], record.ids["row_id"]) == ("fact_decision", victim.pk)
+    assert "differs from its last record link in reason" in record.message

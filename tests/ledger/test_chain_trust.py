@@ -8,7 +8,7 @@ import json
 import logging
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 
 from ledger import chain
 from ledger.chain_content import content_sql
@@ -225,3 +225,98 @@ def test_each_rewrite_of_an_operation_column_is_reported_by_operation_and_column
                 "of band" not in line:
             missed.append((column, line or "not reported"))
     assert not missed, (missed, err)
+
+
+# --- the fact decisions' and the records' chains: PostgreSQL's alone too ---------------------
+
+_DECISION = ("INSERT INTO ledger_factdecision (tenant, conflict_id, chosen_id, written_id, "
+             "user_id, username, reason, created_at, chain_seq, chain_hash) "
+             "SELECT tenant, conflict_id, chosen_id, written_id, user_id, username, 'forged', "
+             "now(), %s, %s FROM ledger_factdecision WHERE id = %s RETURNING id")
+_RECORD = ("INSERT INTO ledger_recordlink (tenant, source, row_id, action, content, "
+           "created_at) VALUES ('default', 'operation_note', 1, 'insert', '{}'::jsonb, now()) "
+           "RETURNING id")
+
+
+def _linked_decision():
+    from tests.ledger.test_audit_chain import decide_a_conflict
+
+    decision = decide_a_conflict("order-1")
+    chain.seal()
+    return decision, ChainHead.objects.get(chain=chain.FACT_DECISIONS.name, tenant="default")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("role", ["agent", "desk", "reconciler"])
+def test_no_role_links_a_fact_decision_writes_a_record_link_or_moves_a_head(role):
+    decision, head = _linked_decision()
+    result = run_as(TEST_LOGINS[role], _FORGE.format(attempts={
+        "decision linked at head + 1": (_DECISION, [head.seq + 1, "f" * 64, decision.pk]),
+        "decision with a hash alone": (_DECISION, [None, "f" * 64, decision.pk]),
+        "a record link": (_RECORD, []),
+        "a head moved": ("UPDATE ledger_chainhead SET seq = seq + 1 WHERE chain = "
+                         "'fact_decisions' RETURNING seq", []),
+        "the sealer's function": (
+            "SELECT ledger_seal_links('fact_decisions', 'default', ARRAY[%s]::bigint[], "
+            "ARRAY[%s]::varchar[], %s, %s)", [decision.pk, "f" * 64, head.seq, head.hash]),
+    }))
+    if role == "reconciler":  # the sealer's role: its function relinks nothing sealed
+        refused = result.pop("the sealer's function")
+        assert refused.get("sqlstate") == "23514", refused
+        assert "expected 1 unsealed rows of fact_decisions/default" in refused["error"], refused
+    for name, refused in result.items():
+        assert refused.get("sqlstate") == "42501", (role, name, refused)
+    if role == "desk":  # the one role that writes decisions: PostgreSQL's own refusal
+        for name in ("decision linked at head + 1", "decision with a hash alone"):
+            assert "expected it written unsealed" in result[name]["error"], result[name]
+    # ...and a decision the desk writes unsealed is linked by the sealer, and verifies.
+    head.refresh_from_db()
+    assert head.seq == 1 and chain.verify(actor="test").is_intact
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_owner_cannot_link_a_fact_decision_or_write_a_record_link_either():
+    decision, head = _linked_decision()
+    for sql, params, says in (
+            (_DECISION, [head.seq + 1, "f" * 64, decision.pk], "expected it written unsealed"),
+            (_DECISION, [None, "f" * 64, decision.pk], "expected it written unsealed"),
+            (_RECORD, [], "expected it written by PostgreSQL"),
+            ("UPDATE ledger_factdecision SET chain_seq = chain_seq + 1 WHERE id = %s",
+             [decision.pk], "Cannot update or delete rows from ledger_factdecision")):
+        with pytest.raises(DatabaseError, match=says), transaction.atomic(), \
+                connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_roles_writes_are_recorded_by_postgresql_whatever_the_role_may_not_write():
+    """The agent's fact and approval request and the desk's note are each recorded by a link
+    PostgreSQL writes (the roles have no privilege on ledger_recordlink), and verify."""
+    from ledger import claims
+    from ledger.models import OperationNote, RecordLink
+
+    op = OperationFactory(state=State.PLANNED, operation="payments.send")
+    agent = run_as(TEST_LOGINS["agent"], f"""
+from ledger import approvals, facts
+from ledger.models import Operation
+fact = facts.assert_fact("invoice:1", "status", "sent", source="billing")
+approvals.request(Operation.objects.get(pk={op.pk}), note="please")
+result = {{"fact": fact.pk, "request": Operation.objects.get(pk={op.pk}).approval_request.pk}}
+""")
+    reviewer = UserFactory(username="rev1", role="reviewer")
+    note = claims.add_note(op, user=reviewer, text="checked")
+    desk = run_as(TEST_LOGINS["desk"], f"""
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute("INSERT INTO ledger_operationnote (operation_id, tenant, author_id, "
+                   "author_name, text, created_at) SELECT operation_id, tenant, author_id, "
+                   "author_name, 'second look', now() FROM ledger_operationnote "
+                   "WHERE id = {note.pk} RETURNING id")
+    result = {{"note": cursor.fetchone()[0]}}
+""")
+    written = {(source, row) for source, row in RecordLink.objects.filter(
+        action="insert").values_list("source", "row_id")}
+    assert {("fact", agent["fact"]), ("approval_request", agent["request"]),
+            ("operation_note", desk["note"])} <= written, written
+    assert OperationNote.objects.filter(pk=desk["note"]).exists()
+    assert chain.verify(actor="test").is_intact

@@ -3,6 +3,7 @@
 import pytest
 
 from ledger import chain, selectors
+from ledger.models import ChainHead
 from ledger.selectors.audit import AuditFilters, audit_events, audit_status, iter_audit_events
 from ledger.states import State
 from tests.factories import OperationFactory, UserFactory
@@ -35,10 +36,14 @@ def test_chain_status_shows_the_heads_of_visible_tenants_only(reviewer):
     OperationFactory(state=State.SUCCEEDED)
     OperationFactory(state=State.SUCCEEDED, tenant="acme")
     chain.verify(actor="nightly")
-    assert sorted(h["tenant"] for h in audit_status()["heads"]) == ["acme", "default"]
+    # The records chain of default holds the reviewer's tenant grant.
+    assert sorted((h["chain"], h["tenant"]) for h in audit_status()["heads"]) == [
+        ("operation_events", "acme"), ("operation_events", "default"), ("records", "default")]
     assert [h["tenant"] for h in audit_status(tenants={"acme"})["heads"]] == ["acme"]
     status = selectors.audit_status_for(reviewer)
-    assert [(h.tenant, h.seq, h.verified_seq) for h in status.heads] == [("default", 3, 3)]
-    assert (status.is_intact, status.links_checked) == (True, 3)
+    records = ChainHead.objects.get(chain="records", tenant="default").seq
+    assert [(h.chain, h.tenant, h.seq, h.verified_seq) for h in status.heads] == [
+        ("operation_events", "default", 3, 3), ("records", "default", records, records)]
+    assert (status.is_intact, status.links_checked) == (True, 3 + records)
     nobody = UserFactory(username="nobody", role="viewer", tenants=[])
     assert selectors.audit_status_for(nobody).heads == []

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from ledger import chain, reconcile, retention, transitions
 from ledger.models import AuditVerification, ChainHead, Evidence, Operation, OperationEvent
 from ledger.states import State
-from tests.factories import OperationFactory, add_evidence, reconciler_lease
+from tests.factories import OperationFactory, UserFactory, add_evidence, reconciler_lease
 from tests.support.chain import written_in_format
 from tests.support.processes import spawn
 from tests.support.retention import complete_days_ago, raw_connection, retention_admin
@@ -385,3 +385,191 @@ def test_the_recorded_heads_are_the_longest_intact_ones(db):
     assert (checkpoint.seq, checkpoint.hash) == (6, second.heads[0]["hash"])
     assert f"verification {second.pk} (" in checkpoint.source and first.pk != second.pk
     assert chain.verify(actor="three").is_intact
+
+
+# --- (e) the rows people rely on beside the operations (the records chain) ---------------------
+
+
+def people_records(reviewer, admin):
+    """Two of each row the records chain covers, written through the ledger: approval
+    requests and approvals, desk notes, tenant grants and their log, facts in versions and
+    a person's decision on a conflict."""
+    from ledger import access, approvals, claims
+    from ledger.models import (
+        Approval,
+        ApprovalRequest,
+        Fact,
+        FactDecision,
+        OperationNote,
+        TenantAccessChange,
+    )
+    from tests.ledger.test_audit_chain import decide_a_conflict
+
+    approvals.set_policy("payments.*", user=admin)
+    ops = [OperationFactory(operation="payments.send", intent={"to": "acct-1", "amount": n})
+           for n in (100, 200, 300)]
+    for op in ops:
+        approvals.request(op, note=f"invoice {op.intent['amount']}")
+    for op in ops[:2]:
+        approvals.approve(op, user=reviewer, reason="invoice checked")
+    for n in (1, 2):
+        claims.add_note(ops[0], user=reviewer, text=f"called the bank ({n})")
+    for name in ("ada", "bob"):
+        access.grant(UserFactory(username=name), "default")
+    decide_a_conflict("order-1")
+    decide_a_conflict("order-2")
+    rows = {
+        "requests": list(ApprovalRequest.objects.order_by("id")),
+        "approvals": list(Approval.objects.order_by("id")),
+        "notes": list(OperationNote.objects.order_by("id")),
+        "access": list(TenantAccessChange.objects.filter(tenant="default").order_by("id")),
+        "superseded": list(Fact.objects.filter(status="superseded").order_by("id")),
+        "current": list(Fact.objects.filter(status="current").order_by("id")),
+        "decisions": list(FactDecision.objects.order_by("id")),
+    }
+    chain.seal()
+    return ops, rows
+
+
+# name -> (rows, index, statement with %s for the row's id, the record's source, what the
+# report says of it)
+RECORD_REWRITES = {
+    "approval request rewritten": (
+        "requests", 0, "UPDATE ledger_approvalrequest SET approvals_needed = 0, "
+        "status = 'pending' WHERE id = %s", "approval_request",
+        "differs from its last record link in approvals_needed, status"),
+    "approval request deleted": (
+        "requests", 1, "DELETE FROM ledger_approvalrequest WHERE id = %s", "approval_request",
+        "is gone but its last record link says it was updated: it was deleted out of band"),
+    "approval decision rewritten": (
+        "approvals", 0, "UPDATE ledger_approval SET decision = 'deny', reason = 'no' "
+        "WHERE id = %s", "approval", "differs from its last record link in decision, reason"),
+    "approval deleted": (
+        "approvals", 1, "DELETE FROM ledger_approval WHERE id = %s", "approval",
+        "is gone but its last record link says it was inserted: it was deleted out of band"),
+    "desk note rewritten": (
+        "notes", 0, "UPDATE ledger_operationnote SET text = 'all fine' WHERE id = %s",
+        "operation_note", "differs from its last record link in text"),
+    "desk note deleted": (
+        "notes", 1, "DELETE FROM ledger_operationnote WHERE id = %s", "operation_note",
+        "deleted out of band"),
+    "tenant-access log rewritten": (
+        "access", 0, "UPDATE ledger_tenantaccesschange SET username = 'mallory' WHERE id = %s",
+        "tenant_access_change", "differs from its last record link in username"),
+    "tenant-access log deleted": (
+        "access", 1, "DELETE FROM ledger_tenantaccesschange WHERE id = %s",
+        "tenant_access_change", "deleted out of band"),
+    "fact value rewritten": (
+        "current", 0, "UPDATE ledger_fact SET value = '\"paid\"'::jsonb WHERE id = %s",
+        "fact", "differs from its last record link in value"),
+    "superseded fact version rewritten": (
+        "superseded", 1, "UPDATE ledger_fact SET value = '\"refunded\"'::jsonb, "
+        "source = 'agent-b' WHERE id = %s", "fact",
+        "differs from its last record link in source, value"),
+    "fact decision deleted": (
+        "decisions", 1, "DELETE FROM ledger_factdecision WHERE id = %s", "fact_decision",
+        "deleted out of band"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_rewrite_or_delete_of_a_row_people_rely_on_is_reported(reviewer, admin_user):
+    _, rows = people_records(reviewer, admin_user)
+    assert chain.verify(actor="before").is_intact
+    targets = {name: rows[group][index] for name, (group, index, *_) in RECORD_REWRITES.items()}
+    tamper(*[(sql, [targets[name].pk]) for name, (_, _, sql, *_) in RECORD_REWRITES.items()])
+    status, out, err = verify_audit()
+    assert status == 1 and "Traceback" not in err, (out, err)
+    missed = []
+    for name, (_, _, _, source, says) in RECORD_REWRITES.items():
+        lines = [line for line in err.splitlines()
+                 if line.startswith(f"record {source} {targets[name].pk} (default")]
+        if not any(says in line for line in lines):
+            missed.append((name, lines or "not reported"))
+    assert not missed, (missed, err)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_inserted_out_of_band_or_changed_before_a_later_change_is_reported(
+        reviewer, admin_user):
+    from ledger import approvals
+    from ledger.models import OperationNote
+
+    ops, rows = people_records(reviewer, admin_user)
+    note = rows["notes"][0]
+    # A note no link accounts for; and a pending request rewritten, then approved through
+    # the desk: the approval's link records the forged note as the row's "before".
+    tamper(("INSERT INTO ledger_operationnote (operation_id, tenant, author_id, author_name, "
+            "text, created_at) SELECT operation_id, tenant, author_id, author_name, "
+            "'the agent did nothing wrong', created_at FROM ledger_operationnote WHERE id = %s",
+            [note.pk]),
+           ("UPDATE ledger_approvalrequest SET note = 'forged' WHERE id = %s",
+            [rows["requests"][2].pk]))
+    forged = OperationNote.objects.order_by("-id").first()
+    approvals.approve(ops[2], user=reviewer, reason="looks right")
+    status, out, err = verify_audit()
+    assert status == 1 and "Traceback" not in err, (out, err)
+    assert (f"record operation_note {forged.pk} (default): the operation note row has no "
+            "record link: it was inserted out of band") in err, err
+    request = rows["requests"][2].pk
+    assert any(line.startswith(f"record approval_request {request} (default, last link ")
+               and "was changed out of band before this update (in note)" in line
+               for line in err.splitlines()), err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_records_chain_relinked_after_the_verifications_are_deleted_is_found_by_its_checkpoint(
+        reviewer, admin_user, settings, tmp_path):
+    from ledger import audit_bundle
+    from ledger.models import RecordLink
+    from tests.ledger.test_audit_bundle import KEY, PUBLIC, SEED
+
+    settings.LEDGER_AUDIT_SIGNING_KEY = SEED
+    _, rows = people_records(reviewer, admin_user)
+    audit_bundle.export(KEY)  # signs every chain's head, the records chain's too
+    signed = ChainHead.objects.get(chain="records", tenant="default")
+    note = rows["notes"][0]
+    # The note rewritten, its links' content recomputed to match, the chain re-linked from
+    # seq 1 and the head moved: the records chain alone verifies again.
+    tamper(("UPDATE ledger_operationnote SET text = 'all fine' WHERE id = %s", [note.pk]),
+           ("UPDATE ledger_recordlink l SET content = ledger_record_content(n) FROM "
+            "ledger_operationnote n WHERE l.source = 'operation_note' AND l.row_id = n.id "
+            "AND n.id = %s", [note.pk]))
+    prev, statements = chain.GENESIS, []
+    for link in RecordLink.objects.filter(tenant="default").order_by("chain_seq"):
+        prev = chain.link_hash(chain.record_link_payload(link), prev=prev, seq=link.chain_seq)
+        statements.append(("UPDATE ledger_recordlink SET chain_hash = %s WHERE id = %s",
+                           [prev, link.pk]))
+    tamper(*statements,
+           ("UPDATE ledger_chainhead SET hash = %s WHERE chain = 'records' AND "
+            "tenant = 'default'", [prev]),
+           ("DELETE FROM ledger_auditverification", []))
+    settings.LEDGER_AUDIT_SIGNING_KEY = ""
+    assert chain.verify(actor="without the key").is_intact  # nothing else in the database tells
+    tamper(("DELETE FROM ledger_auditverification", []))
+    status, out, err = verify_audit("--public-key", PUBLIC)
+    assert status == 1 and "Traceback" not in err, (out, err)
+    assert (f"broken link in records/default at seq {signed.seq}" in err
+            and "is not the one signed checkpoint" in err), err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_the_purge_deletes_is_recorded_and_the_records_still_verify(reviewer, admin_user):
+    from ledger import approvals, claims
+    from ledger.models import OperationNote, RecordLink
+    from tests.factories import drive
+
+    approvals.set_policy("payments.*", user=admin_user)
+    op = OperationFactory(operation="payments.send", intent={"to": "acct-1", "amount": 5})
+    approvals.request(op, note="small refund")
+    approvals.approve(op, user=reviewer, reason="fine")
+    op = drive(op, State.SUCCEEDED)
+    note = claims.add_note(op, user=reviewer, text="refund sent")
+    retention.set_policy("*", purge_after_days=30, user=retention_admin())
+    complete_days_ago(op, 40)
+    retention.purge(actor="nightly")
+    assert not OperationNote.objects.filter(pk=note.pk).exists()
+    deleted = set(RecordLink.objects.filter(action="delete").values_list("source", flat=True))
+    assert deleted == {"operation_note", "approval_request", "approval"}, deleted
+    result = chain.verify(actor="after the purge")
+    assert result.is_intact, (result.first_break, result.records_differing)

@@ -141,10 +141,13 @@ def test_audit_page_shows_the_chain_heads_of_visible_tenants_and_the_last_verifi
     client.force_login(reviewer)
     response = client.get(AUDIT)
     status = response.context["chain_status"]
-    [head] = status.heads
+    # The operation events' chain, and the records chain (the reviewer's tenant grant).
+    [head, records] = status.heads
     assert (head.chain, head.tenant, head.seq, head.verified_seq) == (
         "operation_events", "default", 5, 3)
-    assert (status.is_intact, status.links_checked) == (True, 3)
+    assert (records.chain, records.tenant, records.verified_seq) == ("records", "default",
+                                                                     records.seq)
+    assert (status.is_intact, status.links_checked) == (True, 3 + records.seq)
     body = response.content.decode()
     assert f"{head.hash[:12]}…" in body and "nightly-verify" in body and "intact" in body
     assert "2 newer links" in body

@@ -237,9 +237,10 @@ def test_a_decision_runs_a_fixed_number_of_queries(client, reviewer, django_asse
     client.force_login(reviewer)
     # session, user, user perms, group perms, tenant grants, the conflict; the durable
     # block (a savepoint here): lock, current version, next id, supersede, insert, read
-    # back, resolve the conflict, chain link, decision; release; refresh
+    # back, resolve the conflict, decision (written unsealed: the sealer links it);
+    # release; refresh
     version = conflict.current.version
-    with django_assert_num_queries(18):
+    with django_assert_num_queries(17):
         use_value(client, conflict, "candidate", expected_version=version)
     assert not FactConflict.objects.get(pk=conflict.pk).is_open
 

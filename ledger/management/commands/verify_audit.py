@@ -96,6 +96,16 @@ class Command(BaseCommand):
         if differing > len(result.differing):
             self.stderr.write(f"... {differing - len(result.differing)} more operation rows "
                               f"differ (at most {chain.MAX_DIFFERING} listed per tenant)")
+        for row in result.records_differing:
+            self.stderr.write(
+                f"record {row.ids['source']} {row.ids['row_id']} ({row.tenant}"
+                + (f", last link {row.ids['record_link_id']} at seq {row.seq}"
+                   if "record_link_id" in row.ids else "")
+                + f"): {row.message}; expected {row.expected}, found {row.found}")
+        differing = sum(head.get("records_differing", 0) for head in result.record.heads)
+        if differing > len(result.records_differing):
+            self.stderr.write(f"... {differing - len(result.records_differing)} more record "
+                              f"rows differ (at most {chain.MAX_DIFFERING} listed per tenant)")
         if found is not None:
             where = ", ".join(f"{key} {found.ids[key]}" for key in found.ids)
             raise CommandError(
@@ -106,9 +116,11 @@ class Command(BaseCommand):
         record = result.record
         operations = sum(head.get("operations_checked", 0) for head in record.heads)
         evidence = sum(head.get("evidence_checked", 0) for head in record.heads)
+        records = sum(head.get("records_checked", 0) for head in record.heads)
         self.stdout.write(
             f"audit trail intact: {record.links_checked} links in {len(record.heads)} chains; "
             f"{operations} operations and {evidence} evidence rows match their events"
+            + (f"; {records} records match their links" if records else "")
             + (f"; every head extends {expect_head}" if expect_head else "")
         )
         unsealed = sum(head.get("unsealed", 0) for head in record.heads)
