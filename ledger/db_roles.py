@@ -107,6 +107,9 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
                     "next_attempt_at, last_error, delivered_at)",
     },
     "ledger_notificationsent": {RECONCILER: "INSERT"},
+    # the desk's search: written only by PostgreSQL's triggers on operations (migration
+    # 0051), at insert and when the external id is set; every kind reads it
+    "ledger_operationsearch": {},
     # the desk: a reviewer's claim is taken over in place when expired, and released
     "ledger_claim": {
         DESK: "INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, expires_at), DELETE",

@@ -36,7 +36,7 @@ from ledger.models.notifications import (
     NotificationChannelChange,
     NotificationSent,
 )
-from ledger.models.operations import Evidence, Operation, OperationEvent
+from ledger.models.operations import Evidence, Operation, OperationEvent, OperationSearch
 from ledger.models.retention import (
     PurgeRun,
     Redaction,
@@ -76,6 +76,7 @@ __all__ = [
     "Operation",
     "OperationEvent",
     "OperationNote",
+    "OperationSearch",
     "SavedView",
     "PurgeRun",
     "Redaction",
