@@ -22,6 +22,7 @@ Each caller has its own function, which names the actor; nothing here changes an
 operation for an arbitrary actor:
 
     record(op, actor=)                            receipts.record_intent
+    record_and_submit(op, actor=, ...)            receipts.record_intent(submit=True)
     by_agent(op, to_state, actor=, ...)           receipts.mark_*: never a human decision
     by_person(op, to_state, user=, ...)           receipts.resolve, after its permission checks
     by_reconciler(op, to_state, worker=, ...)     reconcile: a claim and a verdict
@@ -106,6 +107,35 @@ def record(op: Operation, *, actor: str = "") -> bool:
     op.pk = row[0]
     op._state.adding = False
     return True
+
+
+def record_and_submit(
+    op: Operation,
+    *,
+    actor: str = "",
+    reason: str,
+    changes: Mapping[str, Any],
+    fencing_token: int | None = None,
+) -> bool:
+    """`record(op)` and `by_agent(op, submitted)` in one transaction, one commit: the new
+    receipt, its planned event, the move to submitted and its event (`receipts.
+    record_intent(submit=True)`). Every rule of the two holds as when they run apart (the
+    fence is checked in this transaction, PostgreSQL's gates run inside the change); a
+    refusal rolls both back and is raised, and the caller records the intent alone.
+
+    False: the key exists (a concurrent recorder won); nothing written, `op` unsaved.
+    """
+    try:
+        with _refusals(), transaction.atomic(durable=True):
+            if not record(op, actor=actor):
+                return False
+            _apply(op, State.SUBMITTED, actor_kind=ActorKind.AGENT, actor_id=actor,
+                   reason=reason, changes=changes, fencing_token=fencing_token, fenced=True)
+            return True
+    except IntegrityError as exc:
+        if _FENCE_REFUSAL in str(exc):
+            raise StaleFencingToken(str(exc).splitlines()[0]) from exc
+        raise
 
 
 def by_agent(
