@@ -150,3 +150,34 @@ def test_the_decorator_never_sends_a_call_in_flight():
                            idempotency_key="article-a", submit=True)
     with pytest.raises(InFlight):
         publish("a")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_of_two_callers_racing_on_a_new_key_one_submits_it():
+    import threading
+
+    barrier = threading.Barrier(4)
+    found = []
+
+    def caller():
+        from django.db import connection as own
+
+        try:
+            barrier.wait(timeout=30)
+            op = receipts.record_intent("articles.create", "https://cms.example", INTENT,
+                                        idempotency_key="race-1", submit=True)
+            found.append((op.pk, op.state, op.submitted_now))
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(found) == 4
+    assert len({pk for pk, _, _ in found}) == 1
+    assert {state for _, state, _ in found} == {State.SUBMITTED}
+    assert sorted(now for _, _, now in found) == [False, False, False, True]
+    op = Operation.objects.get(idempotency_key="race-1")
+    assert [s for _, s, _ in transactions(op)] == [State.PLANNED, State.SUBMITTED]
