@@ -35,7 +35,8 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    -- An UPDATE that changed one of them (the trigger's WHEN): in practice the external id.
+    -- An UPDATE that changed one of them (the trigger's WHEN): in practice the external
+    -- id, set once when the external system confirms the call.
     IF (NEW.operation_id, NEW.idempotency_key, NEW.tenant)
        IS DISTINCT FROM (OLD.operation_id, OLD.idempotency_key, OLD.tenant) THEN
         INSERT INTO ledger_operationsearch (operation_id, kind, tenant, text)
@@ -45,8 +46,12 @@ BEGIN
         DO UPDATE SET tenant = EXCLUDED.tenant, text = EXCLUDED.text;
     END IF;
     IF NEW.external_id = '' THEN
-        DELETE FROM ledger_operationsearch WHERE operation_id = NEW.id AND kind = 'external';
-    ELSIF (NEW.external_id, NEW.tenant) IS DISTINCT FROM (OLD.external_id, OLD.tenant) THEN
+        DELETE FROM ledger_operationsearch
+         WHERE operation_id = NEW.id AND kind = 'external';
+    ELSIF OLD.external_id = '' AND NEW.tenant = OLD.tenant THEN
+        INSERT INTO ledger_operationsearch (operation_id, kind, tenant, text)
+        VALUES (NEW.id, 'external', NEW.tenant, NEW.external_id);
+    ELSE
         INSERT INTO ledger_operationsearch (operation_id, kind, tenant, text)
         VALUES (NEW.id, 'external', NEW.tenant, NEW.external_id)
         ON CONFLICT (operation_id, kind)
@@ -61,7 +66,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = public, pg_temp
 AS $$
 BEGIN
-    DELETE FROM ledger_operationsearch s USING gone WHERE s.operation_id = gone.id;
+    DELETE FROM ledger_operationsearch s USING gone
+     WHERE s.operation_id = gone.id;
     RETURN NULL;
 END
 $$;
