@@ -142,7 +142,8 @@ def record_and_submit(
     try:
         with _refusals():
             fenced = fencing_token is not None or op.run_id is not None
-            if fenced or not connection.get_autocommit() or connection.in_atomic_block:
+            if (fenced or not connection.get_autocommit() or connection.in_atomic_block
+                    or not _PIPELINES):
                 with transaction.atomic(durable=True):
                     if not _insert(op, insert):
                         return False
@@ -156,6 +157,9 @@ def record_and_submit(
             raise StaleFencingToken(str(exc).splitlines()[0]) from exc
         raise
 
+
+# Whether this libpq sends pipelines (14 and later; psycopg's binary wheels bundle one).
+_PIPELINES = psycopg.Pipeline.is_supported()
 
 # The change of a receipt inserted by the same pipeline (`_pipelined`): the row is found by
 # its new operation_id, since its primary key is not known when the change is sent; a key
