@@ -27,7 +27,7 @@ from ledger import (
     shapes,
     states,
 )
-from ledger.errors import InFlight, InvalidInput, LedgerError, PermissionDenied, StaleVersion
+from ledger.errors import InFlight, InvalidInput, LedgerError, PermissionDenied
 from ledger.inputs import check_identifier, check_optional_identifier
 from ledger.models import AgentKey, Obligation, Operation, Run
 from ledger.states import RetryPolicy
@@ -132,7 +132,8 @@ def record_intent(
     operation, whatever its state (do not send again). `relies_on`: fact versions named by
     subject, predicate and version, of the operation's tenant.
 
-    `submit`: the intent and its submission in one request. An operation (new or found)
+    `submit`: the intent and its submission in one request (`receipts.record_intent(
+    submit=True)`: a new operation in one transaction). An operation (new or found)
     that is planned or safe_to_retry is marked submitted, and `submitted_now` in the
     returned data says this request did it: the caller sends now. Any other state, or a
     concurrent caller that moved it first (StaleVersion): `submitted_now` is false and the
@@ -146,34 +147,33 @@ def record_intent(
     if not submit and (fencing_token is not None or in_flight_seconds is not None):
         raise InvalidInput("expected fencing_token and in_flight_seconds only with submit "
                            f"(found submit {submit!r}): mark it submitted to use them")
-    op = receipts.record_intent(
-        operation, target, intent, tenant=tenant, run=run_obj, step=step,
-        idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
-        redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
-        trace=trace,
-        relies_on=[fact_version(tenant, ref) for ref in relies_on or ()],
-    )
+    submission: dict[str, Any] = {}
+    if submit:
+        # A new operation: recorded and submitted in one transaction (one commit).
+        submission = {"submit": True, "fencing_token": fencing_token}
+        if in_flight_seconds is not None:
+            submission["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
+    try:
+        op = receipts.record_intent(
+            operation, target, intent, tenant=tenant, run=run_obj, step=step,
+            idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
+            redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
+            trace=trace,
+            relies_on=[fact_version(tenant, ref) for ref in relies_on or ()],
+            **submission,
+        )
+    except LedgerError as exc:
+        recorded = getattr(exc, "recorded_operation", None)
+        if recorded is not None:  # the submission refused, the intent recorded
+            exc.operation_recorded = operation_dict(recorded)
+        raise
     recorded_now = op.recorded_now
     if not submit:
         return operation_dict(op), recorded_now
-    submitted_now = False
-    if op.state == states.State.SUBMITTED:
+    if not op.submitted_now and op.state == states.State.SUBMITTED:
+        # found submitted, or a concurrent caller submitted it first
         raise in_flight(op, recorded=operation_dict(op))
-    if op.state in states.SENDABLE:
-        marks: dict[str, Any] = {"fencing_token": fencing_token, "actor": key.name}
-        if in_flight_seconds is not None:
-            marks["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
-        try:
-            op = receipts.mark_submitted(op, **marks)
-            submitted_now = True
-        except StaleVersion as exc:
-            op = exc.current or access_operation(key, op.operation_id)
-            if op.state == states.State.SUBMITTED:  # a concurrent caller submitted it first
-                raise in_flight(op, recorded=operation_dict(op)) from None
-        except LedgerError as exc:
-            exc.operation_recorded = operation_dict(op)
-            raise
-    return shapes.recorded(op, submitted_now=submitted_now), recorded_now
+    return shapes.recorded(op, submitted_now=op.submitted_now), recorded_now
 
 
 # Seconds a caller finding a call in flight is told to wait before asking again.

@@ -3,7 +3,11 @@
 N operations go through intent -> submitted -> succeeded with the ledger API (checks,
 redaction, fingerprint, compare-and-set, one event per transition, triggers), against the
 same three commits written as minimal bare Django ORM statements on a copy of the table
-without triggers (no events, no checks). Both sides interleave operation by operation.
+without triggers (no events, no checks). Beside them, interleaved in the same rounds, the
+lifecycle in two commits: `record_intent(submit=True)` (the intent and its submission in
+one transaction, as the decorator does by default) then succeeded, against two bare ORM
+commits (the row inserted submitted, then updated). All four sides interleave operation by
+operation.
 The claim is the ratio of the median lifecycles (a stall of the shared machine lands on one
 side or the other at random and moves a ratio of totals by itself); the ratio of the
 totals is printed beside it.
@@ -94,6 +98,26 @@ def main() -> dict:
         receipts.mark_submitted(op)
         receipts.mark_succeeded(op, external_id=f"ext-{i}")
 
+    def ledger_two_commits():
+        i = next(counter)
+        op = receipts.record_intent("bench.lifecycle", "https://cms.example/api", intent(i),
+                                    idempotency_key=f"p1-{run}-{i}", submit=True)
+        receipts.mark_succeeded(op, external_id=f"ext-{i}")
+
+    def bare_two_commits():
+        i = next(counter)
+        now = timezone.now()
+        row = BareOperation.objects.create(
+            operation_id=f"bare-{run}-{i}", tenant="default", operation="bench.bare",
+            target="https://cms.example/api", intent=intent(i), intent_fingerprint="sha256:0",
+            idempotency_key=f"bare-{run}-{i}", state="submitted", version=1,
+            created_at=now, state_changed_at=now, submitted_at=now,
+        )
+        BareOperation.objects.filter(pk=row.pk).update(
+            state="succeeded", version=2, external_id=f"ext-{i}", completed_at=now,
+            state_changed_at=now,
+        )
+
     def bare_lifecycle():
         i = next(counter)
         now = timezone.now()
@@ -111,30 +135,55 @@ def main() -> dict:
             state_changed_at=now,
         )
 
-    for _ in range(20):  # warm caches, plans and connections on both sides
+    for _ in range(20):  # warm caches, plans and connections on every side
         ledger_lifecycle()
         bare_lifecycle()
+        ledger_two_commits()
+        bare_two_commits()
 
     results = {}
     for label, sync in (("fsync on", "on"), ("synchronous_commit off", "off")):
         with connection.cursor() as cursor:
             cursor.execute(f"SET synchronous_commit TO {sync}")
         ours, bare = Stopwatch("ledger"), Stopwatch("bare")
-        interleave(n, [(ours, ledger_lifecycle), (bare, bare_lifecycle)])
+        ours2, bare2 = Stopwatch("ledger, 2 commits"), Stopwatch("bare, 2 commits")
+        interleave(n, [(ours, ledger_lifecycle), (bare, bare_lifecycle),
+                       (ours2, ledger_two_commits), (bare2, bare_two_commits)])
         results[sync] = {
             "ledger_ops_per_s": n / ours.total,
             "bare_ops_per_s": n / bare.total,
             "ledger_median_ms": ours.median * 1000,
             "bare_median_ms": bare.median * 1000,
+            "ledger_p99_ms": ours.percentile(0.99) * 1000,
             "ratio": ours.median / bare.median,
             "ratio_of_totals": ours.total / bare.total,
+            "two_commits": {
+                "ledger_ops_per_s": n / ours2.total,
+                "bare_ops_per_s": n / bare2.total,
+                "ledger_median_ms": ours2.median * 1000,
+                "bare_median_ms": bare2.median * 1000,
+                "ledger_p99_ms": ours2.percentile(0.99) * 1000,
+                "ratio": ours2.median / bare2.median,
+                "ratio_of_totals": ours2.total / bare2.total,
+                "vs_three_commits": ours2.median / ours.median,
+            },
         }
         print_table(f"P1 lifecycle, {n} operations each, {label}", [
             ("ledger API (3 commits + 3 events)", f"{n / ours.total:8.0f} ops/s, "
-                                                  f"median {ms(ours.median)}"),
+                                                  f"median {ms(ours.median)}, "
+                                                  f"p99 {ms(ours.percentile(0.99))}"),
             ("bare ORM (3 commits)", f"{n / bare.total:8.0f} ops/s, median {ms(bare.median)}"),
             ("ratio ledger / bare", f"{ours.median / bare.median:.2f}x of the medians, "
                                     f"{ours.total / bare.total:.2f}x of the totals"),
+            ("ledger API, submit=True (2 commits + 3 events)",
+             f"{n / ours2.total:8.0f} ops/s, median {ms(ours2.median)}, "
+             f"p99 {ms(ours2.percentile(0.99))}"),
+            ("bare ORM (2 commits)", f"{n / bare2.total:8.0f} ops/s, "
+                                     f"median {ms(bare2.median)}"),
+            ("ratio ledger / bare, 2 commits", f"{ours2.median / bare2.median:.2f}x of the "
+                                               f"medians, {ours2.total / bare2.total:.2f}x of "
+                                               "the totals"),
+            ("ledger 2 commits / 3 commits", f"{ours2.median / ours.median:.2f}x of the medians"),
         ])
     with connection.cursor() as cursor:
         cursor.execute("SET synchronous_commit TO on")
@@ -162,7 +211,10 @@ def main() -> dict:
         "scale": args.scale,
         "operations": n,
         "ratio": results["on"]["ratio"],
+        "ratio_two_commits": results["on"]["two_commits"]["ratio"],
+        "two_vs_three_commits": results["on"]["two_commits"]["vs_three_commits"],
         "ratio_sync_off": results["off"]["ratio"],
+        "ratio_two_commits_sync_off": results["off"]["two_commits"]["ratio"],
         "fsync_cost_ledger": results["off"]["ledger_ops_per_s"] / results["on"]["ledger_ops_per_s"],
         "agent_role_ratio": results["agent_role"]["ratio"],
         "one_tenant_login_ratio": results["one_tenant_login"]["ratio"],

@@ -125,6 +125,19 @@ SELECT o.id, 'bench.Reconciler', jsonb_build_object('idempotency_key', o.idempot
 """
 
 
+# The desk's search rows (ledger.models.OperationSearch), which the operations' triggers
+# write and the bulk load (triggers off) does not.
+_SEARCH = """
+INSERT INTO ledger_operationsearch (operation_id, kind, tenant, text)
+SELECT o.id, k.kind, o.tenant,
+       CASE k.kind WHEN 'receipt' THEN o.operation_id || E'\\x1f' || o.idempotency_key
+                   ELSE o.external_id END
+  FROM ledger_operation o, (VALUES ('receipt'), ('external')) k(kind)
+ WHERE o.operation_id BETWEEN %(lo)s AND %(hi)s
+   AND (k.kind = 'receipt' OR o.external_id <> '')
+"""
+
+
 def seed(tag: str, first: int, last: int, unresolved: int, days_ago: int = 30) -> None:
     """Bulk-load operations `first`..`last` (the first `unresolved` waiting on a person)."""
     from django.db import connection
@@ -143,11 +156,13 @@ def seed(tag: str, first: int, last: int, unresolved: int, days_ago: int = 30) -
                 cursor.execute(_EVENTS, {"lo": lo, "hi": hi, "base": base})
                 cursor.execute(_CHAIN_HEAD)
                 cursor.execute(_EVIDENCE, {"lo": lo, "hi": hi})
+                cursor.execute(_SEARCH, {"lo": lo, "hi": hi})
                 print(f"  seeded operations {start:>9,}..{stop:>9,} with events and evidence "
                       f"in {time.perf_counter() - started:.1f} s", flush=True)
         finally:
             cursor.execute("SET session_replication_role = DEFAULT")
-        cursor.execute("ANALYZE ledger_operation, ledger_operationevent, ledger_evidence")
+        cursor.execute("ANALYZE ledger_operation, ledger_operationevent, ledger_evidence,"
+                       " ledger_operationsearch")
 
 
 def unseed(tag: str, after: int) -> None:
@@ -158,7 +173,7 @@ def unseed(tag: str, after: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET session_replication_role = replica")
         try:
-            for table in ("ledger_evidence", "ledger_operationevent"):
+            for table in ("ledger_evidence", "ledger_operationevent", "ledger_operationsearch"):
                 cursor.execute(f"DELETE FROM {table} WHERE operation_id IN "
                                "(SELECT id FROM ledger_operation WHERE operation_id > %s)", [cut])
             cursor.execute("DELETE FROM ledger_operation WHERE operation_id > %s", [cut])
@@ -175,7 +190,8 @@ def vacuum() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE ledger_operation, ledger_operationevent, ledger_evidence")
+        cursor.execute("VACUUM ANALYZE ledger_operation, ledger_operationevent, ledger_evidence,"
+                       " ledger_operationsearch")
 
 
 def reset() -> None:
@@ -184,7 +200,7 @@ def reset() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE ledger_operation, ledger_operationevent, ledger_evidence,"
-                       " ledger_redaction CASCADE")
+                       " ledger_redaction, ledger_operationsearch CASCADE")
 
 
 def measure(clients, urls, rounds: int) -> dict[str, dict]:
@@ -257,6 +273,9 @@ def main() -> dict:
             "queue": ("reviewer", "/"),
             "queue, manual_review": ("reviewer", "/?state=manual_review"),
             "operation detail": ("reviewer", operation_url(op)),
+            # a fragment of one key (the desk's search: the trigram index of the rows
+            # beside the operations); the same key at every size
+            "search by fragment": ("reviewer", f"/?q={tag}-00000077"),
             "admin changelist": ("admin", "/admin/ledger/operation/"),
         }
         results[size] = measure(clients, urls, rounds)

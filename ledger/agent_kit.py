@@ -40,6 +40,7 @@ from ledger.canonical import scrub_text
 from ledger.errors import (
     InFlight,
     InvalidInput,
+    LedgerError,
     OutcomeUnknown,
     Rejected,
     StaleVersion,
@@ -128,6 +129,7 @@ def action(
     in_flight_for=None,
     keep: Iterable[str] | None = None,
     relies_on: Callable[..., Iterable[Any]] | Iterable[Any] = (),
+    submit: bool = True,
 ):
     """Make a function's external side effect happen at most once per idempotency key.
 
@@ -156,6 +158,10 @@ def action(
     `relies_on`: the fact versions the call was planned on, a list or a function of the
     call's arguments returning one (`record_intent(relies_on=)`): a call planned on a
     superseded version raises StaleFact and is not sent.
+
+    `submit` (default True): a new call's intent and its submission are one commit
+    (`record_intent(submit=True)`), so a call costs two commits with its outcome; False
+    records the intent, then marks it submitted, a commit each (the rules are the same).
     """
     # Checked once, where the action is declared: a malformed declaration fails at import.
     check_operation_name(operation)
@@ -191,18 +197,26 @@ def action(
             check_json(intent, what="intent")
             idem, call, scope = _key_for(operation, key, args, kwargs)
             relied = relies_on(*args, **kwargs) if callable(relies_on) else relies_on
+            token = scope.fencing_token if scope else None
+            # The intent and its submission in one commit (`submit=True`); with
+            # submit=False, the submission is start's, a commit of its own.
+            submission = ({"submit": True, "fencing_token": token,
+                           "in_flight_for": in_flight_for} if submit else {})
             op = receipts.record_intent(
                 operation, _per_call(target, args, kwargs),
                 intent, tenant=_per_call(tenant, args, kwargs),
                 run=scope.run if scope else None, step=scope.step_id if scope else None,
                 idempotency_key=idem, call=call, fingerprint_fields=fields,
                 redact=redact_paths, retry_policy=retry_policy, keep=kept, relies_on=relied,
+                **submission,
             )
-            op._ledger_fencing_token = scope.fencing_token if scope else None
+            op._ledger_fencing_token = token
             return op
 
         def start(op: Operation) -> tuple[bool, Any]:
             """(True, None) when the caller should send now, else (False, stored result)."""
+            if op.submitted_now:
+                return True, None
             if op.state in states.SENDABLE:
                 try:
                     _submitted(op, op._ledger_fencing_token, in_flight_for)
@@ -254,7 +268,11 @@ def action(
             @functools.wraps(fn)
             async def async_wrapper(*args, **kwargs):
                 with tracing.action_span(operation) as span:
-                    op = await aprepare(args, kwargs)
+                    try:
+                        op = await aprepare(args, kwargs)
+                    except LedgerError as exc:  # the submission refused, the intent recorded
+                        span.record(getattr(exc, "recorded_operation", None))
+                        raise
                     try:
                         send, stored = await astart(op)
                         if not send:
@@ -275,7 +293,11 @@ def action(
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with tracing.action_span(operation) as span:
-                op = prepare(args, kwargs)
+                try:
+                    op = prepare(args, kwargs)
+                except LedgerError as exc:  # the submission refused, the intent recorded
+                    span.record(getattr(exc, "recorded_operation", None))
+                    raise
                 try:
                     send, stored = start(op)
                     if not send:

@@ -109,6 +109,9 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
                     "next_attempt_at, last_error, delivered_at)",
     },
     "ledger_notificationsent": {RECONCILER: "INSERT"},
+    # the desk's search: written only by PostgreSQL's triggers on operations (migration
+    # 0051), at insert and when the external id is set; every kind reads it
+    "ledger_operationsearch": {},
     # the desk: a reviewer's claim is taken over in place when expired, and released
     "ledger_claim": {
         DESK: "INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, expires_at), DELETE",
@@ -178,6 +181,7 @@ TENANT_ROWS: dict[str, str] = {
     # operation and its first event in one statement, whose parts cannot see each other)
     "ledger_operationevent": _OWN,
     "ledger_evidence": _OF_OPERATION,
+    "ledger_operationsearch": _OWN,
     # (a fact's links to other facts, superseded_by and contradicts, are not checked here:
     # each would check the fact it links to, and that fact's links, in turn)
     "ledger_fact": f"{_OWN} AND {_of('run', 'run_id', optional=True)}",

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -28,6 +28,8 @@ from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidInput,
+    LedgerError,
+    StaleVersion,
 )
 from ledger.inputs import (
     PG_BIGINT_MAX,
@@ -106,8 +108,21 @@ def record_intent(
     keep: Iterable[str] | None = None,
     trace: tuple[str, str] | None = None,
     relies_on: Iterable[Fact] = (),
+    submit: bool = False,
+    fencing_token: int | None = None,
+    in_flight_for: timedelta | None = None,
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
+
+    `submit=True`: the intent and its submission at once, as `mark_submitted` would make
+    it (`fencing_token`, `in_flight_for` and every rule as there): a new operation is
+    recorded and marked submitted in one transaction, one commit; one found planned or
+    safe_to_retry is marked submitted. `op.submitted_now` says whether this call did it:
+    the caller sends now. False: the operation found is in another state, or a concurrent
+    caller moved it first (its state as found); never send then. A refusal of the
+    submission (ApprovalRequired, StaleFencingToken, DependencyNotMet, StaleFact, ...) is
+    raised with the intent recorded (planned), the operation on the error's
+    `.recorded_operation`.
 
     `trace`: the (trace id, span id) the operation belongs to, stored on a new operation
     for the desk's trace link; by default those of the current OpenTelemetry span, if any
@@ -152,6 +167,11 @@ def record_intent(
             f"expected intent to be a JSON object (a dict), found {type(intent).__name__}"
         )
     check_json(intent, what="intent")
+    if submit:
+        _check_mark_args(fencing_token, in_flight_for)
+    elif fencing_token is not None or in_flight_for is not None:
+        raise InvalidInput("expected fencing_token and in_flight_for only with submit=True "
+                           "(found submit=False): mark it submitted to use them")
     relied = _relied_on(relies_on, tenant)
     if kept is not None:
         intent = keep_fields(intent, kept)
@@ -174,36 +194,28 @@ def record_intent(
 
     trace = tracing.check_ids(trace) or tracing.current_ids() or ("", "")
 
-    # Each statement below stands alone (see transitions.single_statement): the look-up
-    # spares a replay the insert, and the insert keeps the key unique by itself.
-    with transitions.single_statement():
-        existing = _existing(tenant, operation, idempotency_key)
-        if existing is None:
-            now = timezone.now()
-            candidate = Operation(
-                operation_id=new_operation_id(now),
-                trace_id=trace[0],
-                span_id=trace[1],
-                tenant=tenant,
-                operation=operation,
-                target=target,
-                intent=stored_intent,
-                intent_fingerprint=intent_fingerprint,
-                idempotency_key=idempotency_key,
-                retry_policy=retry_policy,
-                run=run_obj,
-                step=step_obj,
-                relies_on=relied,
-                created_at=now,
-                state_changed_at=now,
-            )
-            # A concurrent recorder of the same key loses quietly (nothing written) and
-            # reads the winner's row below.
-            if transitions.record(candidate, actor=actor or ""):
-                candidate.recorded_now = True
-                return candidate
-            existing = _existing(tenant, operation, idempotency_key)
-        if existing.intent_fingerprint != intent_fingerprint:
+    def new() -> Operation:
+        now = timezone.now()
+        return Operation(
+            operation_id=new_operation_id(now),
+            trace_id=trace[0],
+            span_id=trace[1],
+            tenant=tenant,
+            operation=operation,
+            target=target,
+            intent=stored_intent,
+            intent_fingerprint=intent_fingerprint,
+            idempotency_key=idempotency_key,
+            retry_policy=retry_policy,
+            run=run_obj,
+            step=step_obj,
+            relies_on=relied,
+            created_at=now,
+            state_changed_at=now,
+        )
+
+    def found(existing: Operation | None) -> Operation | None:
+        if existing is not None and existing.intent_fingerprint != intent_fingerprint:
             raise IdempotencyKeyReused(
                 f"expected idempotency key {idempotency_key!r} of {operation} to come with "
                 f"fingerprint {existing.intent_fingerprint}, found {intent_fingerprint}; "
@@ -212,6 +224,62 @@ def record_intent(
                 existing=existing,
             )
         return existing
+
+    def recorded() -> Operation:
+        # Each statement below stands alone (see transitions.single_statement): the look-up
+        # spares a replay the insert, and the insert keeps the key unique by itself.
+        with transitions.single_statement():
+            existing = found(_existing(tenant, operation, idempotency_key))
+            if existing is None:
+                candidate = new()
+                # A concurrent recorder of the same key loses quietly (nothing written) and
+                # reads the winner's row below.
+                if transitions.record(candidate, actor=actor or ""):
+                    candidate.recorded_now = True
+                    return candidate
+                existing = found(_existing(tenant, operation, idempotency_key))
+            return existing
+
+    if not submit:
+        return recorded()
+    op = found(_existing(tenant, operation, idempotency_key))
+    if op is None:
+        candidate = new()
+        changes, reason = _submission(candidate, in_flight_for)
+        try:
+            if transitions.record_and_submit(candidate, actor=actor or "", reason=reason,
+                                             changes=changes, fencing_token=fencing_token):
+                candidate.recorded_now = candidate.submitted_now = True
+                return candidate
+        except (LedgerError, DatabaseError):
+            # The submission refused (rolled back with the intent): the intent alone, then
+            # the submission apart, which says why (as mark_submitted always has).
+            pass
+        op = recorded()
+    return _submitted_now(op, actor=actor, fencing_token=fencing_token,
+                          in_flight_for=in_flight_for)
+
+
+def _submitted_now(op: Operation, *, actor, fencing_token, in_flight_for) -> Operation:
+    """`record_intent(submit=True)` of an operation recorded or found apart: marked submitted
+    when planned or safe_to_retry; `submitted_now` says whether this call did it."""
+    op.submitted_now = False
+    if op.state not in states.SENDABLE:
+        return op
+    try:
+        submitted = mark_submitted(op, fencing_token=fencing_token, actor=actor,
+                                   in_flight_for=in_flight_for)
+    except StaleVersion as exc:
+        # A concurrent caller moved it first: its state as found, not sent by this one.
+        current = exc.current or Operation.objects.filter(pk=op.pk).first() or op
+        current.recorded_now = op.recorded_now
+        current.submitted_now = False
+        return current
+    except LedgerError as exc:
+        exc.recorded_operation = op
+        raise
+    submitted.submitted_now = True
+    return submitted
 
 
 def _relied_on(relies_on: Any, tenant: str) -> list[int]:
@@ -256,6 +324,16 @@ def _check_run_and_step(run: Any, step: Any) -> None:
         check_identifier(run, "run", 100)
     if isinstance(step, str):
         check_identifier(step, "step", 100)
+
+
+def _check_mark_args(fencing_token: Any, in_flight_for: Any) -> None:
+    """The submission's own arguments, checked before anything is written."""
+    if fencing_token is not None:
+        check_whole_number(fencing_token, low=1, high=PG_BIGINT_MAX,
+                           expected="fencing_token to be a positive "
+                           "integer or None")
+    if in_flight_for is not None:
+        check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
 
 
 def _check_mark(op: Any, fencing_token: Any, expected_version: Any, actor: Any) -> None:
@@ -343,6 +421,15 @@ def mark_submitted(
     stale = _first_stale(list(op.relies_on or ()))
     if stale is not None:
         facts.require_current(stale)  # StaleFact naming the current version; nothing written
+    changes, reason = _submission(op, in_flight_for)
+    return transitions.by_agent(
+        op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
+        expected_version=expected_version, actor=actor,
+    )
+
+
+def _submission(op: Operation, in_flight_for: timedelta | None) -> tuple[dict[str, Any], str]:
+    """(the columns a move of `op` to submitted sets, the event's reason)."""
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
@@ -356,10 +443,7 @@ def mark_submitted(
         windows = (op.reread_due_at, op.in_flight_until, changes["in_flight_until"])
         changes["reread_due_at"] = max(w for w in windows if w is not None)
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
-    return transitions.by_agent(
-        op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
-        expected_version=expected_version, actor=actor,
-    )
+    return changes, reason
 
 
 NO_RESULT: Any = object()  # mark_succeeded's result= left out: the result columns untouched

@@ -22,6 +22,7 @@ Each caller has its own function, which names the actor; nothing here changes an
 operation for an arbitrary actor:
 
     record(op, actor=)                            receipts.record_intent
+    record_and_submit(op, actor=, ...)            receipts.record_intent(submit=True)
     by_agent(op, to_state, actor=, ...)           receipts.mark_*: never a human decision
     by_person(op, to_state, user=, ...)           receipts.resolve, after its permission checks
     by_reconciler(op, to_state, worker=, ...)     reconcile: a claim and a verdict
@@ -63,6 +64,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -94,17 +96,111 @@ def record(op: Operation, *, actor: str = "") -> bool:
     IntegrityError either: a concurrent recorder of the same key loses quietly) and it
     returns False. True: written, and `op` carries its primary key.
     """
+    return _insert(op, _record_params(op, actor))
+
+
+def _record_params(op: Operation, actor: str) -> dict[str, Any]:
+    """INSERT_OPERATION's parameters for the new receipt `op` and its first event."""
     event = _event(op, from_state="", to_state=State.PLANNED, version=1,
                    actor_kind=ActorKind.AGENT, actor_id=actor, reason="intent recorded",
                    now=op.created_at, external_id=op.external_id)
     values = _db_values({field.attname: getattr(op, field.attname) for field in _INSERTED})
+    return {**values, **event}
+
+
+def _insert(op: Operation, params: dict[str, Any]) -> bool:
     with prepared_cursor() as cursor:
-        cursor.execute(INSERT_OPERATION, {**values, **event})
+        cursor.execute(INSERT_OPERATION, params)
         row = cursor.fetchone()
     if row is None:
         return False
     op.pk = row[0]
     op._state.adding = False
+    return True
+
+
+def record_and_submit(
+    op: Operation,
+    *,
+    actor: str = "",
+    reason: str,
+    changes: Mapping[str, Any],
+    fencing_token: int | None = None,
+) -> bool:
+    """`record(op)` and `by_agent(op, submitted)` in one transaction, one commit: the new
+    receipt, its planned event, the move to submitted and its event (`receipts.
+    record_intent(submit=True)`). Every rule of the two holds as when they run apart (the
+    fence is checked in this transaction, PostgreSQL's gates run inside the change); a
+    refusal rolls both back and is raised, and the caller records the intent alone.
+
+    False: the key exists (a concurrent recorder won); nothing written, `op` unsaved.
+    Outside a transaction and without a fence, BEGIN, the two statements and COMMIT go
+    to PostgreSQL in one round trip (psycopg's pipeline): one round trip and one commit
+    fewer than the two apart.
+    """
+    insert = _record_params(op, actor)
+    try:
+        with _refusals():
+            fenced = fencing_token is not None or op.run_id is not None
+            if (fenced or not connection.get_autocommit() or connection.in_atomic_block
+                    or not _PIPELINES):
+                with transaction.atomic(durable=True):
+                    if not _insert(op, insert):
+                        return False
+                    _apply(op, State.SUBMITTED, actor_kind=ActorKind.AGENT, actor_id=actor,
+                           reason=reason, changes=changes, fencing_token=fencing_token,
+                           fenced=True)
+                    return True
+            return _pipelined(op, insert, actor=actor, reason=reason, changes=changes)
+    except IntegrityError as exc:
+        if _FENCE_REFUSAL in str(exc):
+            raise StaleFencingToken(str(exc).splitlines()[0]) from exc
+        raise
+
+
+# Whether this libpq sends pipelines (14 and later; psycopg's binary wheels bundle one).
+_PIPELINES = psycopg.Pipeline.is_supported()
+
+# The change of a receipt inserted by the same pipeline (`_pipelined`): the row is found by
+# its new operation_id, since its primary key is not known when the change is sent; a key
+# that was taken (nothing inserted) leaves the change nothing to match.
+_OF_NEW_ROW = "WHERE id = (SELECT id FROM ledger_operation WHERE operation_id = %(new_row)s) AND"
+
+
+def _pipelined(op: Operation, insert: dict[str, Any], *, actor: str, reason: str,
+               changes: Mapping[str, Any]) -> bool:
+    """`record_and_submit` of an unfenced receipt on a connection in autocommit: BEGIN,
+    INSERT_OPERATION, CHANGE_OPERATION and COMMIT in one pipeline, one round trip."""
+    sql, params, fields = _change(op, State.SUBMITTED, from_state=State.PLANNED, version=1,
+                                  actor_kind=ActorKind.AGENT, actor_id=actor, reason=reason,
+                                  evidence=None, fencing_token=None, decided_by=None,
+                                  changes=changes, evidence_row=None)
+    sql = sql.replace("WHERE id = %(id)s AND", _OF_NEW_ROW, 1)
+    assert _OF_NEW_ROW in sql, "CHANGE_OPERATION names its row by id"
+    params = {**params, "new_row": op.operation_id}
+    del params["id"]
+    with prepared_cursor() as inserted, prepared_cursor() as changed:
+        raw = connection.connection
+        try:
+            with connection.wrap_database_errors, raw.pipeline():
+                raw.execute("BEGIN")
+                inserted.execute(INSERT_OPERATION, insert)
+                changed.execute(sql, params)
+                raw.execute("COMMIT")
+        except BaseException:
+            # A refusal aborts the transaction block and skips the COMMIT: end it.
+            if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                with connection.wrap_database_errors:
+                    raw.execute("ROLLBACK")
+            raise
+        new, moved = inserted.fetchone(), changed.fetchone()
+    if new is None or moved is None:
+        return False  # the key was taken (or, never seen, recorded alone: found as planned)
+    op.pk = new[0]
+    op._state.adding = False
+    fields["conflict"] = moved[1]
+    for name, value in fields.items():
+        setattr(op, name, value)
     return True
 
 
@@ -546,6 +642,28 @@ def _apply(
         leases.check_run(op.run_id, fencing_token)
 
     # 3. Build the event, and the row's new values.
+    sql, params, fields = _change(op, to_state, from_state=from_state, version=version,
+                                  actor_kind=actor_kind, actor_id=actor_id, reason=reason,
+                                  evidence=evidence, fencing_token=fencing_token,
+                                  decided_by=decided_by, changes=changes,
+                                  evidence_row=evidence_row)
+    # 4. One statement: the row, the duplicate mark, the chain link, the event.
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise stale_version_error(op, from_state, version)
+    fields["conflict"] = row[1]
+    for name, value in fields.items():
+        setattr(op, name, value)
+    return op
+
+
+def _change(op: Operation, to_state: str, *, from_state: str, version: int, actor_kind: str,
+            actor_id: str, reason: str, evidence: Any, fencing_token: int | None,
+            decided_by: int | None, changes: Mapping[str, Any] | None,
+            evidence_row: Evidence | None) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(CHANGE_OPERATION's text, its parameters, the row's new values) of `_apply`'s move."""
     now = timezone.now()
     fields: dict[str, Any] = dict(changes or {})
     if evidence_row is not None and evidence_row.operation_id != op.pk:
@@ -572,22 +690,13 @@ def _apply(
             fields["in_flight_until"] = now + max(op.in_flight_until - op.submitted_at,
                                                   timedelta(0))
 
-    # 4. One statement: the row, the duplicate mark, the chain link, the event.
     also_set = {name: value for name, value in fields.items() if name not in _ALWAYS_SET}
     params = {
         "id": op.pk, "from_version": version, "conflict": fields.get("conflict"),
         **{f"new_{name}": value for name, value in _db_values(also_set).items()},
         **event,
     }
-    with prepared_cursor() as cursor:
-        cursor.execute(_change_operation(tuple(also_set)), params)
-        row = cursor.fetchone()
-    if row is None:
-        raise stale_version_error(op, from_state, version)
-    fields["conflict"] = row[1]
-    for name, value in fields.items():
-        setattr(op, name, value)
-    return op
+    return _change_operation(tuple(also_set)), params, fields
 
 
 def _apply_flag(

@@ -14,6 +14,7 @@ SERVER_DEPENDENT = {
     "tests/ledger/test_chain_trust.py",
     "tests/ledger/test_db_roles.py",
     "tests/ledger/test_fence_rows_added.py",
+    "tests/ledger/test_operation_search.py",
     "tests/ledger/test_rls_tenants.py",
     "tests/ledger/test_role_refusals.py",
     "tests/ledger/test_trust_leases_approvals.py",

@@ -42,7 +42,7 @@ from ledger.models.notifications import (
     NotificationChannelChange,
     NotificationSent,
 )
-from ledger.models.operations import Evidence, Operation, OperationEvent
+from ledger.models.operations import Evidence, Operation, OperationEvent, OperationSearch
 from ledger.models.retention import (
     PurgeRun,
     Redaction,
@@ -83,6 +83,7 @@ __all__ = [
     "Operation",
     "OperationEvent",
     "OperationNote",
+    "OperationSearch",
     "SavedView",
     "PurgeRun",
     "Redaction",

@@ -419,10 +419,10 @@ class OperationQuerySet(models.QuerySet):
         return self if tenants is None else self.filter(tenant__in=tenants)
 
 
-# What the desk's search looks inside (ledger.selectors.operations): the id, the key and
-# the external id in one text, joined by a unit separator no search term holds, so a
-# fragment never matches across two of them. One trigram GIN index (operation_search_idx,
-# migration 0031) serves LIKE '%fragment%' on exactly this expression.
+# What the desk's search looked inside until migration 0051 (the expression of the trigram
+# index migration 0032 put on the operations table): the id, the key and the external id in
+# one text, joined by a unit separator no search term holds. Kept for that migration; the
+# search now reads OperationSearch.
 def search_text_sql(table: str = "") -> str:
     """The expression, its columns qualified by `table` when given (the index takes it
     unqualified; a query joining other tables qualifies it: the planner matches both)."""
@@ -502,8 +502,10 @@ class Operation(models.Model):
 
     objects = OperationQuerySet.as_manager()
 
-    # Not a column: receipts.record_intent sets it on the operation this call inserted.
+    # Not columns: receipts.record_intent sets them on the operation this call inserted,
+    # and (submit=True) on the one this call marked submitted.
     recorded_now = False
+    submitted_now = False
 
     class Meta:
         constraints = [
@@ -684,6 +686,38 @@ class Operation(models.Model):
         from ledger.states import NEEDS_REVIEW
 
         return self.state in NEEDS_REVIEW
+
+
+class SearchKind(models.TextChoices):
+    RECEIPT = "receipt", "The operation id and the idempotency key"
+    EXTERNAL = "external", "The external id"
+
+
+class OperationSearch(models.Model):
+    """The strings the desk's search looks inside, beside the operation they name: one row
+    of its id and idempotency key (joined by a unit separator no search term holds, so a
+    fragment never matches across the two) and, once the external system gave one, a row of
+    its external id. A trigram GIN index on `text` serves LIKE '%fragment%'.
+
+    Written by PostgreSQL alone (migration 0051): a SECURITY DEFINER trigger adds the rows
+    when an operation is inserted and when its external id is set, and removes them with
+    the operation; no role may write here. Beside the operation, not on it, so that a
+    transition (which rewrites the operation's row) writes no trigram entries.
+    """
+
+    pk = models.CompositePrimaryKey("operation_id", "kind")
+    # No foreign key: every key to an operation is RESTRICT (migration 0029), and these
+    # rows go with their operation by trigger, whoever deletes it.
+    operation = models.ForeignKey(Operation, on_delete=models.DO_NOTHING, db_constraint=False,
+                                  db_index=False, related_name="+")
+    kind = models.CharField(max_length=10, choices=SearchKind.choices)
+    tenant = models.CharField(max_length=100)
+    # Its trigram index, operation_search_text_idx, is migration 0051's (as 0032's was: a
+    # GinIndex in Meta would need django.contrib.postgres installed).
+    text = models.TextField()
+
+    def __str__(self) -> str:
+        return f"{self.kind} of operation {self.operation_id}: {self.text}"
 
 
 class OperationEvent(models.Model):

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import BooleanField, Count, OuterRef, Q, QuerySet, Subquery
-from django.db.models.expressions import RawSQL
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from ledger import access, rows, states
@@ -24,9 +23,10 @@ from ledger.models import (
     Operation,
     OperationEvent,
     OperationNote,
+    OperationSearch,
     ResolutionProposal,
 )
-from ledger.models.operations import Conflict, search_text_sql
+from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
 from ledger.selectors.approvals import ApprovalStatus, approval_status
 from ledger.selectors.base import fetch_one, lookup_id, visible
@@ -220,20 +220,20 @@ def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operati
     return qs
 
 
-# A fragment this long or longer is searched inside ids, keys and external ids (one
-# trigram GIN index over the three, operation_search_idx); a shorter one must be a whole
-# value (pg_trgm cannot index fewer than three characters).
+# A fragment this long or longer is searched inside ids, keys and external ids (the rows
+# of OperationSearch beside each operation, their trigram GIN index
+# operation_search_text_idx); a shorter one must be a whole value (pg_trgm cannot index
+# fewer than three characters).
 SEARCH_MIN_FRAGMENT = 3
-_SEARCH_TEXT = search_text_sql(Operation._meta.db_table)
 
 
 def _search(term: str) -> Q:
     """Operations whose id, idempotency key or external id contains `term` (or equals it,
-    for a term shorter than SEARCH_MIN_FRAGMENT). Case-sensitive, as the values are."""
+    for a term shorter than SEARCH_MIN_FRAGMENT). Case-sensitive, as the values are. A
+    subquery of the page's own query: the search adds no query."""
     if len(term) < SEARCH_MIN_FRAGMENT or "\x1f" in term:
         return Q(operation_id=term) | Q(external_id=term) | Q(idempotency_key=term)
-    pattern = "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    return Q(RawSQL(f"{_SEARCH_TEXT} LIKE %s", [pattern], output_field=BooleanField()))
+    return Q(pk__in=OperationSearch.objects.filter(text__contains=term).values("operation_id"))
 
 
 def _conflicting() -> Q:

@@ -95,6 +95,8 @@ DECLARE
         'ledger_notificationbatch', 'INSERT, UPDATE (counts, item_count, payload, status, '
             'attempts, next_attempt_at, last_error, delivered_at)',
         'ledger_notificationsent', 'INSERT',
+        -- the desk's search: written only by the triggers on operations (migration 0051)
+        'ledger_operationsearch', '',
         -- the desk: a reviewer's claim is taken over in place when expired, and released
         'ledger_claim', 'INSERT, UPDATE (claimed_by_id, claimed_by_name, claimed_at, '
             'expires_at), DELETE',

@@ -92,7 +92,7 @@ def test_the_fragment_search_uses_the_trigram_index():
         cursor.execute("SET LOCAL enable_seqscan = off")
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "operation_search_idx" in plan, plan
+    assert "operation_search_text_idx" in plan, plan
 
 
 @pytest.mark.django_db
