@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reset test test-ts docs docs-serve install migrate roles lint bench serve db-stop clean
+.PHONY: demo demo-reset test test-pooler test-ha ha-up ha-down test-ts docs docs-serve install migrate roles lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# Migrations (and db_roles) connect to the server directly, never through a pooler
+# (LEDGER_POOLER_URL emptied): the processes of `make serve` connect through it.
+DIRECT := LEDGER_POOLER_URL=
 migrate: install
-	$(PY) manage.py migrate --no-input
+	$(DIRECT) $(PY) manage.py migrate --no-input
 
 # The demo: seed, then the processes of Procfile.demo under honcho (the desk on runserver,
 # the reconciler, the notifier, the sealer and the simulated articles service the
@@ -53,9 +56,11 @@ roles: migrate
 # the logins are the deployment's (per-process DATABASE_URL or LEDGER_DATABASE_USER).
 SERVE_LOGINS := LEDGER_WEB_LOGIN=ledger_web LEDGER_RECONCILE_LOGIN=ledger_reconcile \
 	LEDGER_NOTIFY_LOGIN=ledger_notify LEDGER_SEAL_LOGIN=ledger_seal
+# Behind a transaction-pooling PgBouncer: `make serve LEDGER_POOLER_URL=postgres://...` (its
+# address; docs/SCALING.md, deploy/ha/pgbouncer.ini): every process connects through it.
 serve: migrate
-	$(PY) manage.py collectstatic --no-input --verbosity 0
-	$(if $(DATABASE_URL),,$(PY) manage.py db_roles $(LOGINS))
+	$(DIRECT) $(PY) manage.py collectstatic --no-input --verbosity 0
+	$(if $(DATABASE_URL),,$(DIRECT) $(PY) manage.py db_roles $(LOGINS))
 	$(if $(DATABASE_URL),,$(SERVE_LOGINS)) PYTHONUNBUFFERED=1 \
 		$(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
@@ -77,6 +82,16 @@ docs-serve: docs
 test: install
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The process tests that matter behind a real PgBouncer in transaction mode (Debian's
+# pgbouncer, started on a loopback port for the session: tests/ha/pooler.py): every child
+# process and test server connects through it. Skipped, and said so, without pgbouncer.
+POOLER_TESTS := tests/ha tests/api/test_web_roles.py tests/ledger/test_role_refusals.py \
+	tests/ledger/test_trust_who.py tests/ledger/test_fence.py tests/ledger/test_sealer.py
+test-pooler: install
+	@if [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1; then \
+		LEDGER_TEST_POOLER=1 $(PY) -m pytest -q $(POOLER_TESTS) $(PYTEST_ARGS); \
+	else echo "!! pgbouncer not found (apt-get install pgbouncer): skipped make test-pooler"; fi
 
 # The TypeScript client (clients/typescript): `npm ci` (no dependencies: offline) and its
 # tests under node's test runner against a real server of this tree, on a database of their

@@ -117,12 +117,23 @@ ASGI_APPLICATION = "config.asgi.application"
 
 # PostgreSQL only: the ledger's guarantees rely on row locks, SKIP LOCKED, partial unique
 # indexes and triggers. DATABASE_URL names a server; without it an embedded one is started.
-if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.config(conn_max_age=0)}
+# Behind a transaction-pooling PgBouncer (docs/SCALING.md) LEDGER_POOLER_URL names the
+# pooler, and the process connects through it instead (LEDGER_DATABASE_NAME and
+# LEDGER_DATABASE_USER still apply). Each transaction may then run on another server
+# connection, so nothing of the ledger's keeps session state (the desk's role is SET LOCAL,
+# the workers' locks are row locks held to their COMMIT), and what a pooler cannot keep is
+# off by default behind one: prepared statements (PgBouncer before 1.21; set
+# LEDGER_PREPARED_STATEMENTS=1 with 1.21's max_prepared_statements) and server-side cursors.
+# Migrations and db_roles connect directly (the Makefile empties LEDGER_POOLER_URL for them).
+POOLED = bool(os.environ.get("LEDGER_POOLER_URL"))
+if POOLED or os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.config(
+        env="LEDGER_POOLER_URL" if POOLED else "DATABASE_URL", conn_max_age=0)}
     if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(
-            "expected DATABASE_URL to name a PostgreSQL server (postgres://...), "
-            f"found engine {DATABASES['default']['ENGINE']!r}"
+            f"expected {'LEDGER_POOLER_URL' if POOLED else 'DATABASE_URL'} to name a "
+            f"PostgreSQL server (postgres://...), found engine "
+            f"{DATABASES['default']['ENGINE']!r}"
         )
 elif IS_PRODUCTION:
     _required_env("DATABASE_URL")
@@ -134,18 +145,19 @@ else:
 # The ledger's hot statements (ledger/prepared.py: receipts, claims, leases) are bound on
 # the server and prepared once per connection, so PostgreSQL plans them once instead of at
 # every call (bench/ P1 and P3 measure it). Django's own queries keep client-side binding
-# and are never prepared. Behind a transaction-pooling PgBouncer older than 1.21, set
-# LEDGER_PREPARED_STATEMENTS=0.
+# and are never prepared. Off behind a pooler (LEDGER_POOLER_URL) unless
+# LEDGER_PREPARED_STATEMENTS=1; LEDGER_PREPARED_STATEMENTS=0 turns them off anywhere.
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-    "prepare_threshold", 0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "1") != "0" else None
+    "prepare_threshold",
+    0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "0" if POOLED else "1") != "0" else None,
 )
 
 # Django's `.iterator()` reads through a server-side cursor (a named cursor, WITH HOLD
 # outside a transaction), which a transaction-pooling PgBouncer cannot keep on one server
-# connection: behind one, set LEDGER_SERVER_SIDE_CURSORS=0 and iterators fetch in chunks
-# client-side instead (docs/SCALING.md).
+# connection: behind one (LEDGER_POOLER_URL) iterators fetch in chunks client-side instead
+# (docs/SCALING.md); LEDGER_SERVER_SIDE_CURSORS=0/1 overrides.
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = (
-    os.environ.get("LEDGER_SERVER_SIDE_CURSORS", "1") == "0"
+    os.environ.get("LEDGER_SERVER_SIDE_CURSORS", "0" if POOLED else "1") == "0"
 )
 
 # A pool of connections per process (psycopg_pool through Django's OPTIONS "pool"), on by

@@ -175,43 +175,52 @@ def record_intent(
     trace = tracing.check_ids(trace) or tracing.current_ids() or ("", "")
 
     # Each statement below stands alone (see transitions.single_statement): the look-up
-    # spares a replay the insert, and the insert keeps the key unique by itself.
-    with transitions.single_statement():
-        existing = _existing(tenant, operation, idempotency_key)
-        if existing is None:
-            now = timezone.now()
-            candidate = Operation(
-                operation_id=new_operation_id(now),
-                trace_id=trace[0],
-                span_id=trace[1],
-                tenant=tenant,
-                operation=operation,
-                target=target,
-                intent=stored_intent,
-                intent_fingerprint=intent_fingerprint,
-                idempotency_key=idempotency_key,
-                retry_policy=retry_policy,
-                run=run_obj,
-                step=step_obj,
-                relies_on=relied,
-                created_at=now,
-                state_changed_at=now,
-            )
-            # A concurrent recorder of the same key loses quietly (nothing written) and
-            # reads the winner's row below.
-            if transitions.record(candidate, actor=actor or ""):
-                candidate.recorded_now = True
-                return candidate
+    # spares a replay the insert, and the insert keeps the key unique by itself. Retried
+    # when PostgreSQL's answer is lost (transitions.riding_lost_answers): the look-up then
+    # finds a row the first try committed, and its operation id, generated here once, says
+    # that this call recorded it.
+    now = timezone.now()
+    generated = new_operation_id(now)
+
+    def write() -> Operation:
+        with transitions.single_statement():
             existing = _existing(tenant, operation, idempotency_key)
-        if existing.intent_fingerprint != intent_fingerprint:
-            raise IdempotencyKeyReused(
-                f"expected idempotency key {idempotency_key!r} of {operation} to come with "
-                f"fingerprint {existing.intent_fingerprint}, found {intent_fingerprint}; "
-                f"the key already names operation {existing.operation_id} "
-                f"({existing.state})",
-                existing=existing,
-            )
-        return existing
+            if existing is None:
+                candidate = Operation(
+                    operation_id=generated,
+                    trace_id=trace[0],
+                    span_id=trace[1],
+                    tenant=tenant,
+                    operation=operation,
+                    target=target,
+                    intent=stored_intent,
+                    intent_fingerprint=intent_fingerprint,
+                    idempotency_key=idempotency_key,
+                    retry_policy=retry_policy,
+                    run=run_obj,
+                    step=step_obj,
+                    relies_on=relied,
+                    created_at=now,
+                    state_changed_at=now,
+                )
+                # A concurrent recorder of the same key loses quietly (nothing written) and
+                # reads the winner's row below.
+                if transitions.record(candidate, actor=actor or ""):
+                    candidate.recorded_now = True
+                    return candidate
+                existing = _existing(tenant, operation, idempotency_key)
+            if existing.intent_fingerprint != intent_fingerprint:
+                raise IdempotencyKeyReused(
+                    f"expected idempotency key {idempotency_key!r} of {operation} to come "
+                    f"with fingerprint {existing.intent_fingerprint}, found "
+                    f"{intent_fingerprint}; the key already names operation "
+                    f"{existing.operation_id} ({existing.state})",
+                    existing=existing,
+                )
+            existing.recorded_now = existing.operation_id == generated
+            return existing
+
+    return transitions.riding_lost_answers(write)
 
 
 def _relied_on(relies_on: Any, tenant: str) -> list[int]:
