@@ -125,10 +125,30 @@ ASGI_APPLICATION = "config.asgi.application"
 # off by default behind one: prepared statements (PgBouncer before 1.21; set
 # LEDGER_PREPARED_STATEMENTS=1 with 1.21's max_prepared_statements) and server-side cursors.
 # Migrations and db_roles connect directly (the Makefile empties LEDGER_POOLER_URL for them).
+# A URL may name several servers, libpq's multi-host form (a primary and its standby,
+# docs/SCALING.md): postgres://user@host1:5432,host2:5432/db?target_session_attrs=read-write
+# connects to whichever is the primary now.
 POOLED = bool(os.environ.get("LEDGER_POOLER_URL"))
+
+
+def _database_from_url(url: str) -> dict:
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    credentials, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return dj_database_url.parse(url, conn_max_age=0)
+    pairs = [host.rpartition(":") if ":" in host else (host, ":", "5432")
+             for host in hosts.split(",")]
+    config = dj_database_url.parse(f"{scheme}{sep}{credentials}{at}{pairs[0][0]}{slash}{path}",
+                                   conn_max_age=0)
+    config["HOST"] = ",".join(host for host, _, _ in pairs)
+    config["PORT"] = ",".join(port for _, _, port in pairs)
+    return config
+
+
 if POOLED or os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.config(
-        env="LEDGER_POOLER_URL" if POOLED else "DATABASE_URL", conn_max_age=0)}
+    DATABASES = {"default": _database_from_url(
+        os.environ["LEDGER_POOLER_URL" if POOLED else "DATABASE_URL"])}
     if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(
             f"expected {'LEDGER_POOLER_URL' if POOLED else 'DATABASE_URL'} to name a "
