@@ -661,7 +661,7 @@ def check_invariants(service) -> tuple[list[tuple[str, str]], list[str]]:
     from django.core.management.base import CommandError
 
     from ledger.models import Operation, OperationEvent
-    from ledger.states import TRANSITIONS, State
+    from ledger.states import TERMINAL, TRANSITIONS, State
 
     problems: list[str] = []
     rows: list[tuple[str, str]] = []
@@ -694,7 +694,10 @@ def check_invariants(service) -> tuple[list[tuple[str, str]], list[str]]:
         chain = events.get(op_id, [])
         versions = [v for v, _, _ in chain]
         legal = all(
-            (i == 0 and not f) or (i > 0 and f == chain[i - 1][2] and t in TRANSITIONS[f])
+            # a terminal operation's flag or re-read schedule changes with an event from
+            # its state to itself (ledger.transitions: flag_by_person, reread_by_reconciler)
+            (i == 0 and not f) or (i > 0 and f == chain[i - 1][2]
+                                   and (t in TRANSITIONS[f] or (t == f and f in TERMINAL)))
             for i, (_, f, t) in enumerate(chain))
         if versions != list(range(1, version + 1)) or not legal or chain[-1][2] != state:
             broken += 1
@@ -878,6 +881,8 @@ def main() -> int:
         left_states = dict(collections.Counter(
             Operation.objects.filter(state__in=waiting).values_list("state", flat=True)))
         unsealed = None
+        final_states = dict(collections.Counter(
+            Operation.objects.values_list("state", flat=True)))
         if args.kill_primary_after is not None:  # the reconcilers' sealers resumed by themselves
             from ledger.models import OperationEvent
 
@@ -958,6 +963,8 @@ def main() -> int:
             problems_extra.append(f"expected the standby promoted, found the killed node "
                                   f"{failover['killed']} primary again")
         rows.append(("sealer after the failover", f"{unsealed} events unsealed"))
+        rows.append(("states at the end", ", ".join(f"{state} {n}" for state, n in sorted(
+            final_states.items()))))
         if unsealed:
             problems_extra.append(f"expected the sealers to resume and seal every event, "
                                   f"found {unsealed} unsealed 20 s after the drain")

@@ -332,6 +332,8 @@ if os.environ.get("LEDGER_FACT_MAX_FUTURE_SECONDS"):
     LEDGER_FACT_MAX_FUTURE_SECONDS = int(os.environ["LEDGER_FACT_MAX_FUTURE_SECONDS"])
 if os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS"):
     LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ["LEDGER_STALE_SUBMISSION_SECONDS"])
+if os.environ.get("LEDGER_IN_FLIGHT_SECONDS"):
+    LEDGER_IN_FLIGHT_SECONDS = int(os.environ["LEDGER_IN_FLIGHT_SECONDS"])
 # The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;
 # a comma-separated list to name your own.
 LEDGER_RECONCILER_MODULES = [

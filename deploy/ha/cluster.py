@@ -169,12 +169,27 @@ def up(timeout: float = 120) -> None:
         _chown(config)
         if not _alive(name):
             _spawn(name, ["patroni", str(config)])
-        if i == 0:
-            _wait(lambda: leader() is not None, timeout, "a leader")
+    # Both nodes first: after a failover the node started first may be the one that must
+    # follow the other.
+    _wait(lambda: leader() is not None, timeout, "a leader")
     _wait(lambda: any(m.get("role") == "sync_standby" and m.get("state") in
                       ("running", "streaming") for m in members()),
           timeout, "a synchronous standby")
+    _wait(_writable, timeout, "the primary to take writes through the URL")
     print(f"primary {leader()['name']}; connect with {database_url()}")
+
+
+def _writable() -> bool:
+    """Whether a connection through the multi-host URL takes a write (a CREATE DATABASE
+    included: Patroni's leader may still be read-only for a moment after it says leader)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            conn.execute("CREATE TEMP TABLE ha_probe (x int)")
+            return conn.execute("SHOW default_transaction_read_only").fetchone()[0] != "on"
+    except psycopg.Error:
+        return False
 
 
 def _etcd_ok() -> bool:
