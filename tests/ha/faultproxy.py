@@ -40,6 +40,7 @@ class FaultProxy:
         self._armed: list[bytes] = []
         self.cuts: list[bytes] = []
         self.connections = 0
+        self._open: list[socket.socket] = []
         self._stopped = False
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
@@ -48,8 +49,14 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        """Stop accepting and cut every connection still open (their server sessions end)."""
         self._stopped = True
         self.listener.close()
+        for sock in self._open:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def arm(self, pattern: bytes) -> None:
         """Lose the answer to the next statement (on any connection) carrying `pattern`."""
@@ -92,6 +99,7 @@ class FaultProxy:
                     continue
                 break
             server = self._connect()
+            self._open.append(server)
             server.sendall(struct.pack("!I", length) + body)
         except (OSError, ConnectionError):
             client.close()
@@ -116,6 +124,11 @@ class FaultProxy:
         except (OSError, ConnectionError):
             pass
         finally:
+            if not state["cutting"]:  # the client went away: so does its server session
+                try:
+                    server.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
             done.wait(timeout=10)
             for sock in (client, server):
                 try:

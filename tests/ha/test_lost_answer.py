@@ -132,3 +132,44 @@ print("RESULT " + json.dumps([first.recorded_now, again.recorded_now,
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     assert json.loads(line[7:]) == [True, False, True]
     assert Operation.objects.filter(idempotency_key="rec-1").count() == 1
+
+
+def test_the_web_server_rides_through_and_the_python_client_sends_once(proxy, monkeypatch,
+                                                                       tmp_path):
+    """The web process's database answers lost (the intent, the submission and the
+    success, all three): the server retries its own writes, the Python client's
+    `@ledger.action` hears a normal answer each time and calls the service once."""
+    from ledger_client import Ledger
+
+    from ledger import agent_keys
+    from tests.factories import UserFactory
+    from tests.support.servers import LedgerServer
+
+    admin = UserFactory(username="lost-admin", role="admin", tenants=[])
+    admin.is_superuser = True
+    admin.save(update_fields=["is_superuser"])
+    secret = agent_keys.create("lost-bot", tenants=["default"], user=admin)[1]
+    monkeypatch.delenv("LEDGER_POOLER_URL", raising=False)
+    monkeypatch.setenv("DATABASE_URL", f"postgres://postgres@127.0.0.1:{proxy.port}/unused")
+    server = LedgerServer(connection.settings_dict["NAME"], tmp_path / "server.log",
+                          login=TEST_LOGINS["web"])
+    server.start()
+    sent = []
+    try:
+        for where in (RECORD, SUBMITTED, SUCCEEDED):
+            proxy.arm(where)
+        with Ledger(server.url, key=secret) as ledger:
+            @ledger.action("articles.create", target="https://cms.example/a",
+                           key=lambda slug: slug)
+            def create(slug):
+                sent.append(slug)
+                return {"id": "art-" + slug}
+
+            assert create("http-lost-1") == {"id": "art-http-lost-1"}
+    finally:
+        server.stop()
+    assert proxy.cuts == [RECORD, SUBMITTED, SUCCEEDED], (
+        "expected three answers lost:\n" + (tmp_path / "server.log").read_text()[-3000:])
+    assert sent == ["http-lost-1"]
+    assert lifecycle("http-lost-1") == FULL
+    assert "Internal error" not in (tmp_path / "server.log").read_text()
