@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reset test test-ts docs docs-serve screenshots install migrate roles lint bench serve db-stop clean
+.PHONY: demo demo-reset test test-pooler test-ha ha-up ha-down test-ts docs docs-serve screenshots install migrate roles lint bench serve db-stop clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 12), f"expected Python 3.12 or newer, found {sys.version.split()[0]} (set PYTHON=python3.12)"'
@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml clients/python/pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# Migrations (and db_roles) connect to the server directly, never through a pooler
+# (LEDGER_POOLER_URL emptied): the processes of `make serve` connect through it.
+DIRECT := LEDGER_POOLER_URL=
 migrate: install
-	$(PY) manage.py migrate --no-input
+	$(DIRECT) $(PY) manage.py migrate --no-input
 
 # The demo: seed, then the processes of Procfile.demo under honcho (the desk on runserver,
 # the reconciler, the notifier, the sealer and the simulated articles service the
@@ -53,9 +56,11 @@ roles: migrate
 # the logins are the deployment's (per-process DATABASE_URL or LEDGER_DATABASE_USER).
 SERVE_LOGINS := LEDGER_WEB_LOGIN=ledger_web LEDGER_RECONCILE_LOGIN=ledger_reconcile \
 	LEDGER_NOTIFY_LOGIN=ledger_notify LEDGER_SEAL_LOGIN=ledger_seal
+# Behind a transaction-pooling PgBouncer: `make serve LEDGER_POOLER_URL=postgres://...` (its
+# address; docs/SCALING.md, deploy/ha/pgbouncer.ini): every process connects through it.
 serve: migrate
-	$(PY) manage.py collectstatic --no-input --verbosity 0
-	$(if $(DATABASE_URL),,$(PY) manage.py db_roles $(LOGINS))
+	$(DIRECT) $(PY) manage.py collectstatic --no-input --verbosity 0
+	$(if $(DATABASE_URL),,$(DIRECT) $(PY) manage.py db_roles $(LOGINS))
 	$(if $(DATABASE_URL),,$(SERVE_LOGINS)) PYTHONUNBUFFERED=1 \
 		$(VENV)/bin/honcho start -f Procfile -p $(PORT)
 
@@ -81,6 +86,47 @@ screenshots: install
 test: install
 	$(PY) manage.py makemigrations --check --dry-run
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The process tests that matter behind a real PgBouncer in transaction mode (Debian's
+# pgbouncer, started on a loopback port for the session: tests/ha/pooler.py): every child
+# process and test server connects through it. Skipped, and said so, without pgbouncer.
+POOLER_TESTS := tests/api/test_web_roles.py tests/ledger/test_role_refusals.py \
+	tests/ledger/test_trust_who.py tests/ledger/test_fence.py tests/api/test_concurrency.py \
+	tests/api/test_mcp.py
+test-pooler: install
+	@if [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1; then \
+		LEDGER_TEST_POOLER=1 $(PY) -m pytest -q $(POOLER_TESTS) $(PYTEST_ARGS); \
+	else echo "!! pgbouncer not found (apt-get install pgbouncer): skipped make test-pooler"; fi
+
+# A PostgreSQL primary and a synchronous standby under Patroni with etcd (Debian's patroni,
+# etcd-server and postgresql-15), data and logs under .local/ha (deploy/ha/cluster.py).
+ha-up: install
+	$(PY) deploy/ha/cluster.py up
+ha-down: install
+	$(PY) deploy/ha/cluster.py down
+
+# The failover under load: bench/load.py's deployment (gunicorn, 2 reconcilers with their
+# sealers, agents in process and over HTTP, the simulated service) on a cluster of its own
+# (.local/ha-test, made afresh and removed after; `make ha-up`'s ports, so not while that
+# one runs) through the multi-host URL; its primary SIGKILLed (Patroni and PostgreSQL) 6 s
+# in; then the invariants (no acknowledged receipt lost, no article twice, every operation resolved,
+# verify_audit clean, no 500), the failover seconds and the errors agents saw. Bounded
+# (about 2 minutes); skipped, and said so, without the packages.
+HA_ARGS ?= --seconds 20 --agents 6 --reviewers 0 --web-workers 2 --drain 45 \
+	--kill-primary-after 6
+test-ha: install
+	@if $(PY) -c 'import sys; sys.path.insert(0, "deploy/ha"); import cluster; \
+		sys.exit(1 if cluster.missing() else 0)'; then \
+		export LEDGER_HA_DIR=$(CURDIR)/.local/ha-test; \
+		$(PY) deploy/ha/cluster.py down --wipe >/dev/null; \
+		$(PY) deploy/ha/cluster.py up && \
+		DATABASE_URL="$$($(PY) deploy/ha/cluster.py url)" LEDGER_POOLER_URL= \
+		LEDGER_BENCH_DATABASE=ledger_ha_load LEDGER_STALE_SUBMISSION_SECONDS=20 \
+		LEDGER_IN_FLIGHT_SECONDS=10 \
+		$(PY) bench/load.py $(HA_ARGS) --summary $(CURDIR)/.local/ha-failover.json; \
+		status=$$?; $(PY) deploy/ha/cluster.py down --wipe; exit $$status; \
+	else echo "!! patroni, etcd or PostgreSQL 15 not installed (apt-get install patroni \
+	etcd-server postgresql-15): skipped make test-ha"; fi
 
 # The TypeScript client (clients/typescript): `npm ci` (no dependencies: offline) and its
 # tests under node's test runner against a real server of this tree, on a database of their

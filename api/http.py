@@ -190,15 +190,18 @@ def too_deep(request, exc):
 
 @api.exception_handler(OperationalError)
 def database_unavailable(request, exc):
-    # The database did not answer: no connection free in the pool within its timeout, or
-    # the server down. Nothing was written; the caller may try again shortly (the clients
-    # treat a 5xx as "the ledger is unavailable", never as a refusal).
+    # The database did not answer: no connection free in the pool within its timeout, the
+    # server down, or its answer lost (a failover). A write whose answer was lost may have
+    # committed: the caller tries again with the same key and version, which finds it (the
+    # clients treat a 5xx as "the ledger is unavailable", never as a refusal).
     logger.warning("database unavailable on %s %s: %s", request.method, request.path,
                    type(exc.__cause__ or exc).__name__)
     response = problem_response(problems.problem(
         503, "database-unavailable", "Database unavailable",
         "expected the ledger's database to answer, found no connection within the pool's "
-        "timeout (or the server down); nothing was written, try again shortly"))
+        "timeout, the server down or its answer lost; try again shortly with the same "
+        "idempotency key and expected version, which find what this request wrote, if "
+        "anything"))
     response["Retry-After"] = "1"
     return response
 

@@ -46,7 +46,8 @@ def _ensure_database() -> None:
     db = dict(settings.DATABASES["default"])
     params = {"dbname": "postgres", "user": db.get("USER") or None,
               "password": db.get("PASSWORD") or None, "host": db.get("HOST") or None,
-              "port": db.get("PORT") or None}
+              "port": db.get("PORT") or None,  # several hosts: the primary among them
+              "target_session_attrs": db.get("OPTIONS", {}).get("target_session_attrs")}
     with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
                             [BENCH_DATABASE]).fetchone():

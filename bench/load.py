@@ -97,7 +97,8 @@ def fresh_database() -> None:
     db = settings.DATABASES["default"]
     params = {"dbname": "postgres", "user": db.get("USER") or None,
               "password": db.get("PASSWORD") or None, "host": db.get("HOST") or None,
-              "port": db.get("PORT") or None}
+              "port": db.get("PORT") or None,
+              "target_session_attrs": db.get("OPTIONS", {}).get("target_session_attrs")}
     with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
         name = sql.Identifier(BENCH_DATABASE)
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
@@ -111,9 +112,14 @@ def database_url() -> str:
     from django.db import connection
 
     db = connection.settings_dict
-    host = quote(db["HOST"] or "127.0.0.1", safe="")
     auth = db["USER"] + (f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else "")
-    return f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+    hosts = (db["HOST"] or "127.0.0.1").split(",")
+    ports = str(db["PORT"] or 5432).split(",")
+    netloc = ",".join(f"{quote(h, safe='')}:{p}" for h, p in zip(hosts, ports, strict=False))
+    options = {k: v for k, v in db.get("OPTIONS", {}).items()
+               if k in ("target_session_attrs", "connect_timeout")}
+    query = f"?{urlencode(options)}" if options else ""
+    return f"postgres://{auth}@{netloc}/{db['NAME']}{query}"
 
 
 # --- the processes ---------------------------------------------------------------------------
@@ -209,8 +215,37 @@ class InProcessLedger:
     """
 
     transport = "in process"
+    errors: ApiErrors | None = None  # set by agents_process: the database errors it met
 
     def run(self, key: str, article: dict, client, fault: str | None) -> str | None:
+        return self._riding(lambda: self._run(key, article, client, fault))
+
+    def _riding(self, step):
+        """`step()`, again with the same key while the database is away (a failover), for
+        up to a minute; a receipt another try already moved is answered by its state."""
+        from django.db import OperationalError, connections
+
+        from ledger.errors import OutcomeUnknown, StaleVersion
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return step()
+            except OutcomeUnknown as exc:  # a try whose answer was lost moved it on
+                return exc.operation.state if getattr(exc, "operation", None) else None
+            except StaleVersion as exc:  # the sweep took over a send the failover delayed
+                current = getattr(exc, "current", None)
+                return current.state if current is not None else None
+            except OperationalError as exc:
+                if self.errors is not None:
+                    self.errors.add("in process: database unavailable",
+                                    f"{type(exc).__name__}: {exc}")
+                connections.close_all()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _run(self, key: str, article: dict, client, fault: str | None) -> str | None:
         from ledger import receipts
 
         articles = simulated()
@@ -229,9 +264,10 @@ class InProcessLedger:
     def look(self, key: str, article: dict, client) -> str | None:
         from ledger.models import Operation
 
-        return (Operation.objects.filter(tenant=TENANT, operation="articles.create",
-                                         idempotency_key=key)
-                .values_list("state", flat=True).first())
+        return self._riding(lambda: (
+            Operation.objects.filter(tenant=TENANT, operation="articles.create",
+                                     idempotency_key=key)
+            .values_list("state", flat=True).first()))
 
     def close(self) -> None:
         from django.db import connections
@@ -425,6 +461,7 @@ def agents_process(transport: str, indices: list[int], api: tuple[str, str] | No
     os.environ["LEDGER_DATABASE_NAME"] = BENCH_DATABASE
     django.setup()
     errors = ApiErrors()
+    InProcessLedger.errors = errors
     stats = AgentStats(transport)
     ledgers = [transport_for(i, (*api, errors) if api else None) for i in indices]
     ready.put(transport)
@@ -624,7 +661,7 @@ def check_invariants(service) -> tuple[list[tuple[str, str]], list[str]]:
     from django.core.management.base import CommandError
 
     from ledger.models import Operation, OperationEvent
-    from ledger.states import TRANSITIONS, State
+    from ledger.states import TERMINAL, TRANSITIONS, State
 
     problems: list[str] = []
     rows: list[tuple[str, str]] = []
@@ -657,7 +694,10 @@ def check_invariants(service) -> tuple[list[tuple[str, str]], list[str]]:
         chain = events.get(op_id, [])
         versions = [v for v, _, _ in chain]
         legal = all(
-            (i == 0 and not f) or (i > 0 and f == chain[i - 1][2] and t in TRANSITIONS[f])
+            # a terminal operation's flag or re-read schedule changes with an event from
+            # its state to itself (ledger.transitions: flag_by_person, reread_by_reconciler)
+            (i == 0 and not f) or (i > 0 and f == chain[i - 1][2]
+                                   and (t in TRANSITIONS[f] or (t == f and f in TERMINAL)))
             for i, (_, f, t) in enumerate(chain))
         if versions != list(range(1, version + 1)) or not legal or chain[-1][2] != state:
             broken += 1
@@ -748,6 +788,10 @@ def main() -> int:
     parser.add_argument("--summary", type=Path, default=None,
                         help="write the summary as JSON here instead of into "
                              "bench/results/latest.json")
+    parser.add_argument("--kill-primary-after", type=float, default=None,
+                        help="seconds after the agents start to SIGKILL the primary of the "
+                             "Patroni cluster (deploy/ha/cluster.py, `make test-ha`) and "
+                             "measure the failover")
     args = parser.parse_args()
     if not 0 < args.seconds <= 600 or not 0 < args.operations <= 10_000:
         raise SystemExit("expected 0 < --seconds <= 600 and 0 < --operations <= 10000")
@@ -799,10 +843,16 @@ def main() -> int:
         load_before = os.getloadavg()[0]
         web_cpu = []
 
+        failover: dict = {}
+        killer = threading.Thread(target=kill_primary, args=(args.kill_primary_after,
+                                                              failover), daemon=True)
+
         def start_reviewers():
             web_cpu.append(tree_cpu_seconds(web.pid))
             for t in reviewers:
                 t.start()
+            if args.kill_primary_after is not None:
+                killer.start()
 
         groups = {"in process": ([i for i in range(args.agents) if i % 2 == 0], None),
                   "http": ([i for i in range(args.agents) if i % 2 == 1],
@@ -816,6 +866,10 @@ def main() -> int:
             t.join()
 
         waiting = [State.OUTCOME_UNKNOWN, State.RECONCILING]
+        if args.kill_primary_after is not None:
+            killer.join(timeout=120)
+            # a sender cut off by the failover: the sweep hands its submission over
+            waiting.append(State.SUBMITTED)
         backlog_at_end = Operation.objects.filter(state__in=waiting).count()
         backlog_age = health.reconcile_backlog_seconds(timezone.now())
         drain_started = time.monotonic()
@@ -824,6 +878,20 @@ def main() -> int:
             time.sleep(0.5)
         drained_in = time.monotonic() - drain_started
         backlog_left = Operation.objects.filter(state__in=waiting).count()
+        left_states = dict(collections.Counter(
+            Operation.objects.filter(state__in=waiting).values_list("state", flat=True)))
+        unsealed = None
+        final_states = dict(collections.Counter(
+            Operation.objects.values_list("state", flat=True)))
+        if args.kill_primary_after is not None:  # the reconcilers' sealers resumed by themselves
+            from ledger.models import OperationEvent
+
+            sealing_started = time.monotonic()
+            while time.monotonic() - sealing_started < 20:
+                unsealed = OperationEvent.objects.filter(chain_hash__isnull=True).count()
+                if not unsealed:
+                    break
+                time.sleep(0.5)
     finally:
         for proc in (reconcilers or []):
             stop(proc)
@@ -880,6 +948,34 @@ def main() -> int:
             rows.append((f"page {name}", f"p50 {ms(watch.median)}, p99 "
                                          f"{ms(watch.percentile(0.99))} "
                                          f"({len(watch.samples)} loads)"))
+    if args.kill_primary_after is not None:
+        rows.append(("failover", f"{failover.get('killed', 'nothing')} killed at "
+                                 f"{args.kill_primary_after:g} s; a read-write primary again "
+                                 f"after {failover.get('seconds', float('nan')):.1f} s "
+                                 f"({failover.get('primary', 'none')})"))
+        in_process = {k: n for k, n in api_errors.counts.items() if k.startswith("in process")}
+        rows.append(("errors agents saw", ", ".join(f"{k} {n}" for k, n in
+                                                    api_errors.counts.most_common()) or "none"))
+        problems_extra = []
+        if "seconds" not in failover:
+            problems_extra.append("expected a new primary after the kill, found none")
+        elif failover.get("primary") == failover.get("killed_port"):
+            problems_extra.append(f"expected the standby promoted, found the killed node "
+                                  f"{failover['killed']} primary again")
+        rows.append(("sealer after the failover", f"{unsealed} events unsealed"))
+        rows.append(("states at the end", ", ".join(f"{state} {n}" for state, n in sorted(
+            final_states.items()))))
+        if unsealed:
+            problems_extra.append(f"expected the sealers to resume and seal every event, "
+                                  f"found {unsealed} unsealed 20 s after the drain")
+        if backlog_left:
+            problems_extra.append(f"expected every operation in flight at the kill resolved, "
+                                  f"found {backlog_left} left: {left_states}")
+        status_500 = sum(n for k, n in api_errors.counts.items() if k.startswith("500"))
+        if status_500:
+            problems_extra.append(f"{status_500} answers 500 from the API during the failover")
+    else:
+        problems_extra, in_process = [], {}
     rows.append(("page errors", str(len(page_errors)) + (f": {page_errors[:3]}"
                                                          if page_errors else "")))
     rows.append(("reconcile backlog", f"{backlog_at_end} waiting when the agents stopped "
@@ -890,7 +986,7 @@ def main() -> int:
     service.stop()
     connections.close_all()
     rows += invariant_rows + transport_rows
-    problems += transport_problems
+    problems += transport_problems + problems_extra
     if page_errors:
         problems.append(f"{len(page_errors)} page loads failed")
     print_table("Load test", rows)
@@ -918,6 +1014,8 @@ def main() -> int:
         "page_loads": len(all_pages.samples), "page_errors": len(page_errors),
         "backlog_at_end": backlog_at_end, "backlog_left": backlog_left,
         "invariants_hold": not problems, "problems": problems,
+        "failover": failover if args.kill_primary_after is not None else None,
+        "in_process_errors": in_process,
     }
     if args.summary is not None:
         args.summary.write_text(json.dumps(summary, indent=2, sort_keys=True))
@@ -928,6 +1026,35 @@ def main() -> int:
         return 1
     print("\ninvariants hold")
     return 0
+
+
+def kill_primary(after: float, found: dict) -> None:
+    """After `after` s, SIGKILL the Patroni cluster's leader (its Patroni and PostgreSQL:
+    the machine lost), then connect as the application does (the multi-host URL,
+    target_session_attrs=read-write) until a primary answers: `found` gets what was
+    killed, the seconds until a primary wrote again and which node it is."""
+    import psycopg
+
+    sys.path.insert(0, str(ROOT / "deploy" / "ha"))
+    import cluster
+
+    time.sleep(after)
+    found["killed"] = cluster.kill_leader()
+    killed_at = time.monotonic()
+    found["killed_port"] = f"port {cluster.PORTS[cluster.NAMES.index(found['killed'])]}"
+    url = database_url()
+    while time.monotonic() - killed_at < 110:
+        try:
+            with psycopg.connect(url, connect_timeout=1, autocommit=True) as conn:
+                conn.execute("CREATE TEMP TABLE failover_probe (x int)")
+                port = conn.execute("SELECT inet_server_port()").fetchone()[0]
+            found["seconds"] = time.monotonic() - killed_at
+            found["primary"] = f"port {port}"
+            print(f"failover: {found['killed']} killed; a primary on port {port} took writes "
+                  f"after {found['seconds']:.1f} s", flush=True)
+            return
+        except psycopg.Error:
+            time.sleep(0.1)
 
 
 def _latencies(watch: Stopwatch) -> str:

@@ -117,12 +117,43 @@ ASGI_APPLICATION = "config.asgi.application"
 
 # PostgreSQL only: the ledger's guarantees rely on row locks, SKIP LOCKED, partial unique
 # indexes and triggers. DATABASE_URL names a server; without it an embedded one is started.
-if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.config(conn_max_age=0)}
+# Behind a transaction-pooling PgBouncer (docs/SCALING.md) LEDGER_POOLER_URL names the
+# pooler, and the process connects through it instead (LEDGER_DATABASE_NAME and
+# LEDGER_DATABASE_USER still apply). Each transaction may then run on another server
+# connection, so nothing of the ledger's keeps session state (the desk's role is SET LOCAL,
+# the workers' locks are row locks held to their COMMIT), and what a pooler cannot keep is
+# off by default behind one: prepared statements (PgBouncer before 1.21; set
+# LEDGER_PREPARED_STATEMENTS=1 with 1.21's max_prepared_statements) and server-side cursors.
+# Migrations and db_roles connect directly (the Makefile empties LEDGER_POOLER_URL for them).
+# A URL may name several servers, libpq's multi-host form (a primary and its standby,
+# docs/SCALING.md): postgres://user@host1:5432,host2:5432/db?target_session_attrs=read-write
+# connects to whichever is the primary now.
+POOLED = bool(os.environ.get("LEDGER_POOLER_URL"))
+
+
+def _database_from_url(url: str) -> dict:
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    credentials, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return dj_database_url.parse(url, conn_max_age=0)
+    pairs = [host.rpartition(":") if ":" in host else (host, ":", "5432")
+             for host in hosts.split(",")]
+    config = dj_database_url.parse(f"{scheme}{sep}{credentials}{at}{pairs[0][0]}{slash}{path}",
+                                   conn_max_age=0)
+    config["HOST"] = ",".join(host for host, _, _ in pairs)
+    config["PORT"] = ",".join(port for _, _, port in pairs)
+    return config
+
+
+if POOLED or os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": _database_from_url(
+        os.environ["LEDGER_POOLER_URL" if POOLED else "DATABASE_URL"])}
     if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(
-            "expected DATABASE_URL to name a PostgreSQL server (postgres://...), "
-            f"found engine {DATABASES['default']['ENGINE']!r}"
+            f"expected {'LEDGER_POOLER_URL' if POOLED else 'DATABASE_URL'} to name a "
+            f"PostgreSQL server (postgres://...), found engine "
+            f"{DATABASES['default']['ENGINE']!r}"
         )
 elif IS_PRODUCTION:
     _required_env("DATABASE_URL")
@@ -134,18 +165,19 @@ else:
 # The ledger's hot statements (ledger/prepared.py: receipts, claims, leases) are bound on
 # the server and prepared once per connection, so PostgreSQL plans them once instead of at
 # every call (bench/ P1 and P3 measure it). Django's own queries keep client-side binding
-# and are never prepared. Behind a transaction-pooling PgBouncer older than 1.21, set
-# LEDGER_PREPARED_STATEMENTS=0.
+# and are never prepared. Off behind a pooler (LEDGER_POOLER_URL) unless
+# LEDGER_PREPARED_STATEMENTS=1; LEDGER_PREPARED_STATEMENTS=0 turns them off anywhere.
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-    "prepare_threshold", 0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "1") != "0" else None
+    "prepare_threshold",
+    0 if os.environ.get("LEDGER_PREPARED_STATEMENTS", "0" if POOLED else "1") != "0" else None,
 )
 
 # Django's `.iterator()` reads through a server-side cursor (a named cursor, WITH HOLD
 # outside a transaction), which a transaction-pooling PgBouncer cannot keep on one server
-# connection: behind one, set LEDGER_SERVER_SIDE_CURSORS=0 and iterators fetch in chunks
-# client-side instead (docs/SCALING.md).
+# connection: behind one (LEDGER_POOLER_URL) iterators fetch in chunks client-side instead
+# (docs/SCALING.md); LEDGER_SERVER_SIDE_CURSORS=0/1 overrides.
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = (
-    os.environ.get("LEDGER_SERVER_SIDE_CURSORS", "1") == "0"
+    os.environ.get("LEDGER_SERVER_SIDE_CURSORS", "0" if POOLED else "1") == "0"
 )
 
 # A pool of connections per process (psycopg_pool through Django's OPTIONS "pool"), on by
@@ -300,6 +332,8 @@ if os.environ.get("LEDGER_FACT_MAX_FUTURE_SECONDS"):
     LEDGER_FACT_MAX_FUTURE_SECONDS = int(os.environ["LEDGER_FACT_MAX_FUTURE_SECONDS"])
 if os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS"):
     LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ["LEDGER_STALE_SUBMISSION_SECONDS"])
+if os.environ.get("LEDGER_IN_FLIGHT_SECONDS"):
+    LEDGER_IN_FLIGHT_SECONDS = int(os.environ["LEDGER_IN_FLIGHT_SECONDS"])
 # The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;
 # a comma-separated list to name your own.
 LEDGER_RECONCILER_MODULES = [

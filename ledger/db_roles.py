@@ -26,10 +26,12 @@ reconciler's claim and verdict only from ledger_reconciler.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 
 from django.db import DatabaseError, ProgrammingError, connection, transaction
+from psycopg.pq import TransactionStatus
 
 from ledger import errors
 from ledger.inputs import check_identifier
@@ -596,12 +598,15 @@ class RequestRoleMiddleware:
     """A desk request's database work runs as ledger_desk; everything else stays
     ledger_agent, which every session of the web login starts as (`ensure_login`).
 
-    Before a desk request's first statement, `SET ROLE ledger_desk`; after the request,
-    `SET ROLE ledger_agent` again, so that a connection kept between requests (the pool)
-    can do no more than an agent. A request that reads nothing touches no connection.
-    Only when the process's login may become both (`switches_roles`); a login of one kind,
-    the owner or a superuser is left as it is. First in MIDDLEWARE but for the request
-    id's (config.logs), which reads nothing."""
+    The role is the transaction's, never the session's: each transaction of a desk request
+    starts with `SET LOCAL ROLE ledger_desk`, and a statement outside Django's transactions
+    (autocommit) runs in one of its own, `BEGIN; SET LOCAL ROLE ledger_desk`, the statement,
+    `COMMIT`. So the session stays ledger_agent between transactions, and a connection a
+    transaction-pooling PgBouncer hands to another client after a COMMIT (docs/SCALING.md),
+    or the process's pool to the next request, can do no more than an agent. A request that
+    reads nothing touches no connection. Only when the process's login may become both
+    (`switches_roles`); a login of one kind, the owner or a superuser is left as it is.
+    First in MIDDLEWARE but for the request id's (config.logs), which reads nothing."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -609,26 +614,36 @@ class RequestRoleMiddleware:
     def __call__(self, request):
         if kind_of_path(request.path) != DESK:
             return self.get_response(request)
-        switched = []
+        switches = []
+        with connection.execute_wrapper(functools.partial(_as_desk, switches)):
+            return self.get_response(request)
 
-        def as_desk(execute, sql, params, many, context):
-            if not switched:
-                raw = context["cursor"].cursor
-                switched.append(switches_roles(raw))
-                if switched[0]:
-                    raw.execute(f"SET ROLE {ROLE[DESK]}")
-            return execute(sql, params, many, context)
 
-        try:
-            with connection.execute_wrapper(as_desk):
-                return self.get_response(request)
-        finally:
-            if switched and switched[0]:
-                try:
-                    with connection.cursor() as cursor:
-                        cursor.execute(f"SET ROLE {ROLE[AGENT]}")
-                except DatabaseError:
-                    connection.close()  # a broken connection is not reused as the desk
+_SET_DESK = f"SET LOCAL ROLE {ROLE[DESK]}"
+
+
+def _as_desk(switches: list, execute, sql, params, many, context):
+    """`execute` as ledger_desk, in a transaction that set the role (RequestRoleMiddleware).
+    The role's statements go on a cursor of their own: the one `execute` fills is the
+    caller's to read."""
+    pg = context["connection"].connection
+    if not switches:
+        with pg.cursor() as own:
+            switches.append(switches_roles(own))
+    if not switches[0] or pg.info.transaction_status != TransactionStatus.IDLE:
+        return execute(sql, params, many, context)  # the role was set when it began
+    if not context["connection"].get_autocommit():
+        pg.execute(_SET_DESK, prepare=False)  # psycopg begins Django's transaction with it
+        return execute(sql, params, many, context)
+    pg.execute(f"BEGIN; {_SET_DESK}", prepare=False)
+    try:
+        result = execute(sql, params, many, context)
+    except BaseException:
+        if pg.info.transaction_status != TransactionStatus.UNKNOWN:
+            pg.execute("ROLLBACK", prepare=False)
+        raise
+    pg.execute("COMMIT", prepare=False)
+    return result
 
 
 def check_login(app_configs=None, **kwargs):

@@ -194,10 +194,15 @@ def record_intent(
 
     trace = tracing.check_ids(trace) or tracing.current_ids() or ("", "")
 
+    # The operation id is generated once per call: a row found later under this call's key
+    # with this id is this call's own, written by a try whose answer was lost
+    # (transitions.riding_lost_answers).
+    now = timezone.now()
+    generated = new_operation_id(now)
+
     def new() -> Operation:
-        now = timezone.now()
         return Operation(
-            operation_id=new_operation_id(now),
+            operation_id=generated,
             trace_id=trace[0],
             span_id=trace[1],
             tenant=tenant,
@@ -228,21 +233,31 @@ def record_intent(
     def recorded() -> Operation:
         # Each statement below stands alone (see transitions.single_statement): the look-up
         # spares a replay the insert, and the insert keeps the key unique by itself.
-        with transitions.single_statement():
-            existing = found(_existing(tenant, operation, idempotency_key))
-            if existing is None:
-                candidate = new()
-                # A concurrent recorder of the same key loses quietly (nothing written) and
-                # reads the winner's row below.
-                if transitions.record(candidate, actor=actor or ""):
-                    candidate.recorded_now = True
-                    return candidate
+        # Retried when PostgreSQL's answer is lost: the look-up then finds the row an
+        # earlier try committed, and the generated id says it is this call's own
+        # (`landed_before`: written by a try of this call whose answer never came).
+        def write() -> Operation:
+            with transitions.single_statement():
                 existing = found(_existing(tenant, operation, idempotency_key))
-            return existing
+                if existing is None:
+                    candidate = new()
+                    # A concurrent recorder of the same key loses quietly (nothing written)
+                    # and reads the winner's row below.
+                    if transitions.record(candidate, actor=actor or ""):
+                        candidate.recorded_now = True
+                        candidate.landed_before = False
+                        return candidate
+                    existing = found(_existing(tenant, operation, idempotency_key))
+                existing.recorded_now = existing.landed_before = (
+                    existing.operation_id == generated)
+                return existing
+
+        return transitions.riding_lost_answers(write)
 
     if not submit:
         return recorded()
-    op = found(_existing(tenant, operation, idempotency_key))
+    op = found(transitions.riding_lost_answers(
+        lambda: _existing(tenant, operation, idempotency_key)))
     if op is None:
         candidate = new()
         changes, reason = _submission(candidate, in_flight_for)
@@ -256,6 +271,11 @@ def record_intent(
             # the submission apart, which says why (as mark_submitted always has).
             pass
         op = recorded()
+        if (op.landed_before and op.state == states.State.SUBMITTED and op.version == 2):
+            # The intent and its submission committed together, and the answer was lost:
+            # only this call writes a row with this id, so the submission is this call's.
+            op.submitted_now = True
+            return op
     return _submitted_now(op, actor=actor, fencing_token=fencing_token,
                           in_flight_for=in_flight_for)
 

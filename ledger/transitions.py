@@ -59,13 +59,14 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from ledger import access, chain, leases, states
@@ -223,12 +224,16 @@ def by_agent(
     # The change of an operation of a run checks the run's lease in the same transaction
     # (two statements): once the run is leased, only its current token may change it.
     fenced = fencing_token is not None or getattr(op, "run_id", None) is not None
-    try:
+
+    def write() -> Operation:
         with _refusals(), transaction.atomic(durable=True) if fenced else single_statement():
             return _apply(op, to_state, actor_kind=ActorKind.AGENT, actor_id=actor or "",
                           reason=reason, changes=changes, evidence=evidence,
                           fencing_token=fencing_token, expected_version=expected_version,
                           fenced=True)
+
+    try:
+        return riding_lost_answers(write)
     except IntegrityError as exc:
         # PostgreSQL's own fence (the event trigger): a lease taken between the look at it
         # above and the event, when there was none to lock.
@@ -548,6 +553,37 @@ def single_statement() -> AbstractContextManager:
     return transaction.atomic(durable=True)
 
 
+# How long an agent's write keeps trying when PostgreSQL's answer does not come (the
+# connection cut, the server gone, a failover under way), in seconds; then the error.
+LOST_ANSWER_RETRY_SECONDS = 20.0
+
+
+def riding_lost_answers[T](write: Callable[[], T]) -> T:
+    """`write()` (one durable write of its own: a statement in autocommit, or a durable
+    transaction), again on a new connection when the database does not answer it, until
+    `LOST_ANSWER_RETRY_SECONDS` have passed (then its OperationalError).
+
+    A write whose answer was lost may have committed: each write retried here finds its
+    own first try instead of doing it twice. `record_intent` finds its row by key (and by
+    the operation id it generated); a move finds its own event (`_apply`: same actor, same
+    from and to, same version step, and the same time, which this process chose for the
+    first try), and reports success, not StaleVersion. Inside a caller's transaction it
+    runs once: a lost COMMIT there is the caller's to retry."""
+    if connection.in_atomic_block:
+        return write()
+    deadline = time.monotonic() + LOST_ANSWER_RETRY_SECONDS
+    delay = 0.05
+    while True:
+        try:
+            return write()
+        except OperationalError:
+            if connection.in_atomic_block or time.monotonic() + delay > deadline:
+                raise
+        connection.close()  # the next try opens a connection (through libpq's hosts)
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
 def stale_version_error(op: Operation, state: str, version: int) -> StaleVersion:
     """The StaleVersion for a change of `op` decided at (state, version): who changed the
     row since, when, and to what."""
@@ -641,18 +677,29 @@ def _apply(
     elif fencing_token is not None or (fenced and op.run_id is not None):
         leases.check_run(op.run_id, fencing_token)
 
-    # 3. Build the event, and the row's new values.
+    # 3. Build the event, and the row's new values. A retry of the same move on the same
+    # object (its answer lost) keeps the first try's time: its event, if it landed, is
+    # this move's own (`_own_move`).
+    move = (from_state, to_state, version + 1, actor_kind, actor_id or "")
+    pending = getattr(op, "_ledger_pending_move", None)
+    now = pending[1] if pending is not None and pending[0] == move else timezone.now()
+    op._ledger_pending_move = (move, now)
     sql, params, fields = _change(op, to_state, from_state=from_state, version=version,
                                   actor_kind=actor_kind, actor_id=actor_id, reason=reason,
                                   evidence=evidence, fencing_token=fencing_token,
                                   decided_by=decided_by, changes=changes,
-                                  evidence_row=evidence_row)
+                                  evidence_row=evidence_row, now=now)
     # 4. One statement: the row, the duplicate mark, the chain link, the event.
     with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
+        if _own_move(op, move, now):
+            op._ledger_pending_move = None
+            op.refresh_from_db()
+            return op
         raise stale_version_error(op, from_state, version)
+    op._ledger_pending_move = None
     fields["conflict"] = row[1]
     for name, value in fields.items():
         setattr(op, name, value)
@@ -662,9 +709,11 @@ def _apply(
 def _change(op: Operation, to_state: str, *, from_state: str, version: int, actor_kind: str,
             actor_id: str, reason: str, evidence: Any, fencing_token: int | None,
             decided_by: int | None, changes: Mapping[str, Any] | None,
-            evidence_row: Evidence | None) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(CHANGE_OPERATION's text, its parameters, the row's new values) of `_apply`'s move."""
-    now = timezone.now()
+            evidence_row: Evidence | None,
+            now: datetime | None = None) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(CHANGE_OPERATION's text, its parameters, the row's new values) of `_apply`'s move,
+    at `now` (the time of its event; default: now)."""
+    now = now or timezone.now()
     fields: dict[str, Any] = dict(changes or {})
     if evidence_row is not None and evidence_row.operation_id != op.pk:
         raise InvalidInput(
@@ -697,6 +746,17 @@ def _change(op: Operation, to_state: str, *, from_state: str, version: int, acto
         **event,
     }
     return _change_operation(tuple(also_set)), params, fields
+
+
+def _own_move(op: Operation, move: tuple, now: datetime) -> bool:
+    """Whether `move` (from, to, version, actor kind, actor id) is already applied to `op`
+    by an earlier try of this same change whose answer was lost: its event carries the
+    time this process chose for that try. Another caller's move, even by the same actor
+    at the same version, has an event of another time, and stays a StaleVersion."""
+    from_state, to_state, version, actor_kind, actor_id = move
+    return OperationEvent.objects.filter(
+        operation_id=op.pk, version=version, from_state=from_state, to_state=to_state,
+        actor_kind=actor_kind, actor_id=storable(actor_id, 200), created_at=now).exists()
 
 
 def _apply_flag(

@@ -10,6 +10,8 @@ from tests.factories import OperationFactory, UserFactory
 # on the machine's server (`pytest -m server`).
 SERVER_DEPENDENT = {
     "tests/api/test_web_roles.py",
+    "tests/ha/test_lost_answer.py",
+    "tests/ha/test_pooler.py",
     "tests/ledger/test_app_role_attacks.py",
     "tests/ledger/test_chain_trust.py",
     "tests/ledger/test_db_roles.py",
@@ -73,6 +75,33 @@ def django_db_setup(django_db_setup, django_db_blocker):
                        + [(TEST_LOGINS["web"], (db_roles.AGENT, db_roles.DESK))]
                        + DEMO_LOGINS)
         _BOOTSTRAP.update(_bootstrap_rows())
+    pooler = _session_pooler()
+    yield
+    if pooler is not None:
+        pooler.stop()  # before the test database is dropped: it holds server connections
+
+
+def _session_pooler():
+    """LEDGER_TEST_POOLER=1 (`make test-pooler`): a PgBouncer in transaction mode in front of
+    the test database, which every child process and test server of the session connects
+    through (LEDGER_POOLER_URL, inherited); this process stays direct (tests/ha/pooler.py)."""
+    import os
+
+    from django.db import connection
+
+    from tests.ha.pooler import PgBouncer, available
+
+    if os.environ.get("LEDGER_TEST_POOLER") != "1":
+        return None
+    if not available():
+        pytest.exit("expected pgbouncer (Debian's package) for LEDGER_TEST_POOLER=1, "
+                    "found none", returncode=2)
+    settings = connection.settings_dict
+    owner = settings["USER"] or "postgres"
+    pooler = PgBouncer(settings["HOST"], settings["PORT"],
+                       [owner, *TEST_LOGINS.values(), *(name for name, _ in DEMO_LOGINS)]).start()
+    os.environ["LEDGER_POOLER_URL"] = pooler.url(settings["NAME"], owner)
+    return pooler
 
 
 # What migrate's post_migrate receivers left in the test database (content types,

@@ -62,6 +62,8 @@ class Command(BaseCommand):
                                                       on_verdict=report)
                     except Exception:  # keep the loop alive; the next pass retries
                         logger.exception("reconcile pass of %s failed", name)
+                        # a connection the server dropped (a failover) is not reused
+                        connections["default"].close_if_unusable_or_obsolete()
                         if once:
                             with print_lock:
                                 crashed.append(name)
