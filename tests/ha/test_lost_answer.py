@@ -24,7 +24,8 @@ from tests.support.processes import PRELUDE, ROOT, child_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-RECORD = b"INSERT INTO ledger_operation "  # record_intent's one statement
+RECORD = b"INSERT INTO ledger_operation "  # record_intent's statement (with submit=True,
+                                           # its submission's in the same commit)
 SUBMITTED = b'"submitted_at" = '          # mark_submitted's move
 SUCCEEDED = b'"completed_at" = '          # mark_succeeded's move
 
@@ -35,7 +36,7 @@ from ledger import receipts
 calls = os.environ["CALLS_FILE"]
 
 @receipts.action("articles.create", target="https://cms.example/a",
-                 key=lambda slug: slug)
+                 key=lambda slug: slug, submit=os.environ["SUBMIT"] == "one commit")
 def create(slug):
     with open(calls, "a") as f:
         f.write(slug + "\\n")
@@ -56,13 +57,13 @@ def proxy():
     proxy.stop()
 
 
-def run_agent(proxy, tmp_path, slug, timeout=120):
+def run_agent(proxy, tmp_path, slug, submit="one commit", timeout=120):
     calls = tmp_path / "calls.txt"
     calls.touch()
     env = child_env(TEST_LOGINS["agent"])
     env.pop("LEDGER_POOLER_URL", None)
     env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{proxy.port}/unused"
-    env.update(CALLS_FILE=str(calls), SLUG=slug)
+    env.update(CALLS_FILE=str(calls), SLUG=slug, SUBMIT=submit)
     source = PRELUDE.format(root=str(ROOT)) + AGENT
     proc = subprocess.run([sys.executable, "-c", source], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -81,14 +82,19 @@ def lifecycle(slug):
 FULL = [(1, "", "planned"), (2, "planned", "submitted"), (3, "submitted", "succeeded")]
 
 
-def test_the_answer_lost_at_each_write_of_the_decorator(proxy, tmp_path):
-    """One action call whose three writes each lose their answer: the intent, the move to
-    submitted (before the call), the move to succeeded (after it)."""
-    for where in (RECORD, SUBMITTED, SUCCEEDED):
+@pytest.mark.parametrize("submit, writes", [
+    ("one commit", (RECORD, SUCCEEDED)),
+    ("apart", (RECORD, SUBMITTED, SUCCEEDED)),
+])
+def test_the_answer_lost_at_each_write_of_the_decorator(proxy, tmp_path, submit, writes):
+    """One action call each of whose writes loses its answer: the intent and its submission
+    in one commit (the decorator's default) or apart (`submit=False`), then the move to
+    succeeded (after the call)."""
+    for where in writes:
         proxy.arm(where)
-    result, calls = run_agent(proxy, tmp_path, "lost-1")
-    assert proxy.cuts == [RECORD, SUBMITTED, SUCCEEDED], "expected three answers lost"
-    assert proxy.connections >= 4, "expected the agent to reconnect after each cut"
+    result, calls = run_agent(proxy, tmp_path, "lost-1", submit=submit)
+    assert proxy.cuts == list(writes), f"expected {len(writes)} answers lost"
+    assert proxy.connections >= len(writes) + 1, "expected a reconnection after each cut"
     assert calls == ["lost-1"], "expected the external call made exactly once"
     assert result == {"value": {"id": "art-lost-1"}, "state": "succeeded", "version": 3}
     assert lifecycle("lost-1") == FULL
@@ -136,9 +142,9 @@ print("RESULT " + json.dumps([first.recorded_now, again.recorded_now,
 
 def test_the_web_server_rides_through_and_the_python_client_sends_once(proxy, monkeypatch,
                                                                        tmp_path):
-    """The web process's database answers lost (the intent, the submission and the
-    success, all three): the server retries its own writes, the Python client's
-    `@ledger.action` hears a normal answer each time and calls the service once."""
+    """The web process's database answers lost (the intent with its submission, one commit
+    for `"submit": true`, and the success): the server retries its own writes, the Python
+    client's `@ledger.action` hears a normal answer each time and calls the service once."""
     from ledger_client import Ledger
 
     from ledger import agent_keys
@@ -156,7 +162,7 @@ def test_the_web_server_rides_through_and_the_python_client_sends_once(proxy, mo
     server.start()
     sent = []
     try:
-        for where in (RECORD, SUBMITTED, SUCCEEDED):
+        for where in (RECORD, SUCCEEDED):
             proxy.arm(where)
         with Ledger(server.url, key=secret) as ledger:
             @ledger.action("articles.create", target="https://cms.example/a",
@@ -168,8 +174,8 @@ def test_the_web_server_rides_through_and_the_python_client_sends_once(proxy, mo
             assert create("http-lost-1") == {"id": "art-http-lost-1"}
     finally:
         server.stop()
-    assert proxy.cuts == [RECORD, SUBMITTED, SUCCEEDED], (
-        "expected three answers lost:\n" + (tmp_path / "server.log").read_text()[-3000:])
+    assert proxy.cuts == [RECORD, SUCCEEDED], (
+        "expected two answers lost:\n" + (tmp_path / "server.log").read_text()[-3000:])
     assert sent == ["http-lost-1"]
     assert lifecycle("http-lost-1") == FULL
     assert "Internal error" not in (tmp_path / "server.log").read_text()
