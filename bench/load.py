@@ -936,8 +936,11 @@ def main() -> int:
         f"http: {ms(cpu_per_op['http'])} in the agents' process + "
         f"{ms(cpu_per_op['web'])} in the web workers ({web_seconds:.1f} s, shared with "
         f"the reviewers' pages; PostgreSQL's not counted)")))
-    rows.append(("per-agent ratio", (f"HTTP {ratio:.2f}x in process" if ratio is not None
-                                     else "no in-process operations")
+    # For information: on shared cores throughput follows CPU per operation, which
+    # bench/p8_cpu.py measures (server CPU per request; an action's CPU, HTTP / in process).
+    rows.append(("per-agent ratio (information)",
+                 (f"HTTP {ratio:.2f}x in process" if ratio is not None
+                  else "no in-process operations")
                  + f" (load average {load_before:.1f} before, {load_after:.1f} after)"))
     rows.append(("HTTP API errors",
                  f"{api_errors.total} in {api_errors.requests} requests"

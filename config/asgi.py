@@ -6,6 +6,8 @@ serves; Django has no lifespan of its own. Serve it with an ASGI server, e.g.
 `uvicorn config.asgi:application` or gunicorn's uvicorn worker.
 """
 
+import asyncio
+import contextvars
 import logging
 import os
 import tempfile
@@ -52,10 +54,13 @@ class APIHandler(ASGIHandler):
     which cost more than the ledger's work (bench/ P8). Here the body is read on the event
     loop as Django reads it; then request_started, the request, the middleware chain and
     the view, the response's content, its close and request_finished all run in one
-    `sync_to_async` call, on one thread, in Django's order; the bytes are sent back on the
-    loop. Everything Django does with database connections therefore happens on the thread
-    that used them, as under WSGI: close_old_connections at the start and the end of the
-    request (CONN_MAX_AGE 0: back to the pool). No request's code spans two calls, so the
+    call on one of the loop's executor threads (`run_in_executor` with a copy of the
+    request's context, as `sync_to_async(thread_sensitive=False)` would run it, without
+    asgiref's bookkeeping for calls back into the loop, which nothing here makes), in
+    Django's order; the bytes are sent back on the loop. Everything Django does with
+    database connections therefore happens on the thread that used them, as under WSGI:
+    close_old_connections at the start and the end of the request (CONN_MAX_AGE 0: back to
+    the pool). No request's code spans two calls, so the
     call need not be thread-sensitive, and requests run side by side on the loop's
     executor threads instead of queueing for one.
 
@@ -97,8 +102,8 @@ class APIHandler(ASGIHandler):
             await send({"type": "http.response.body", "body": response.content})
             return
         try:
-            response, content = await sync_to_async(
-                self.serve, thread_sensitive=False)(scope, body_file)
+            response, content = await asyncio.get_running_loop().run_in_executor(
+                None, contextvars.copy_context().run, self.serve, scope, body_file)
         except Exception:  # the handler itself failed: still an answer the API promises
             logger.exception("unexpected error serving %s", scope.get("path", ""))
             response = _internal_error()

@@ -7,6 +7,13 @@ unsalted hash is enough (nothing to guess from); the lookup is by that hash and 
 comparison constant-time. A key is scoped to its tenants and acts as a principal wherever
 the ledger asks who is acting (`ledger.access.tenants_for`); its name is the actor recorded
 on every event it causes.
+
+A key verified a moment ago is believed again without asking the database, for at most
+`LEDGER_AGENT_KEY_CACHE_SECONDS` (0, the default: never) and for at most 1,024 keys per process,
+looked up by the secret's SHA-256 (the secret itself is never kept). Every read that asks
+the database anyway (a request naming an operation reads its key in the same statement)
+refreshes the entry, or drops it when the key is revoked; `revoke` drops it at once in the
+process that revokes. Elsewhere a revoked key is refused within that many seconds.
 """
 
 from __future__ import annotations
@@ -15,12 +22,15 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from ledger import access, rows
+from ledger import access, conf, rows
 from ledger.errors import InvalidInput
 from ledger.inputs import check_identifier, check_names
 from ledger.models import AgentKey, AgentKeyChange, Operation
@@ -81,6 +91,7 @@ def revoke(name: str, *, user) -> AgentKey:
         key.revoked_at, key.revoked_by_name = now, user.get_username()
         key.save(update_fields=["revoked_at", "revoked_by_name"])
         _audit(key, AgentKeyChange.Action.REVOKED, user=user, now=now)
+    _verified.forget(key.pk)
     return key
 
 
@@ -101,11 +112,16 @@ def authenticate(secret: str, *, operation_id: str | None = None) -> AgentKey | 
     if not isinstance(secret, str) or not _SECRET.fullmatch(secret):
         return None
     digest = _hash(secret)
+    key = _verified.get(digest)
+    if key is not None:
+        return key
     # On every request of every agent: prepared, without the ORM's query compilation.
     with prepared_cursor() as cursor:
         cursor.execute(_AUTHENTICATE, [digest])
         row = cursor.fetchone()
-    return None if row is None else _live_key(row, digest)
+    key = None if row is None else _live_key(row, digest)
+    _verified.put(digest, key)
+    return key
 
 
 def authenticate_with_operation(
@@ -126,9 +142,8 @@ def authenticate_with_operation(
     with prepared_cursor() as cursor:
         cursor.execute(_AUTHENTICATE_WITH_OPERATION, [operation_id, digest])
         row = cursor.fetchone()
-    if row is None:
-        return None, None
-    key = _live_key(row[:len(_KEY_FIELDS)], digest)
+    key = None if row is None else _live_key(row[:len(_KEY_FIELDS)], digest)
+    _verified.put(digest, key)
     if key is None:
         return None, None
     # A LEFT JOIN that matched nothing: every operation column NULL, its id first.
@@ -149,13 +164,68 @@ def _well_formed_operation_id(operation_id) -> bool:
 def _live_key(row, digest: str) -> AgentKey | None:
     values = [field.from_db_value(value, None, connection) if hasattr(field, "from_db_value")
               else value for field, value in zip(_KEY_FIELDS, row, strict=True)]
-    key = AgentKey.from_db(connection.alias, [f.attname for f in _KEY_FIELDS], values)
+    key = AgentKey.from_db(connection.alias, _KEY_ATTNAMES, values)
     if not hmac.compare_digest(key.secret_hash, digest):
         return None
     return key
 
 
 _KEY_FIELDS = AgentKey._meta.concrete_fields
+_KEY_ATTNAMES = [f.attname for f in _KEY_FIELDS]
+
+
+class VerifiedKeys:
+    """Live keys verified in the last `conf.AGENT_KEY_CACHE_SECONDS`, by their secret's
+    SHA-256, at most `size` of them (the least recently used go first). Each `get` returns
+    a new AgentKey, so what one request leaves on its key (`remember_read`) is never seen
+    by another. Thread-safe: a web worker serves requests on several threads."""
+
+    def __init__(self, size: int = 1024, clock=time.monotonic):
+        self.size, self.clock = size, clock
+        self._entries: OrderedDict[str, tuple[float, list]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, digest: str) -> AgentKey | None:
+        now = self.clock()
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            if entry[0] <= now:
+                del self._entries[digest]
+                return None
+            self._entries.move_to_end(digest)
+            values = entry[1]
+        return AgentKey.from_db(connection.alias, _KEY_ATTNAMES, list(values))
+
+    def put(self, digest: str, key: AgentKey | None) -> None:
+        """Remember `key` as just read for `digest`; None (unknown or revoked now) forgets
+        whatever was remembered for it."""
+        seconds = conf.AGENT_KEY_CACHE_SECONDS
+        with self._lock:
+            if key is None or seconds <= 0:
+                self._entries.pop(digest, None)
+                return
+            values = [getattr(key, name) for name in _KEY_ATTNAMES]
+            self._entries[digest] = (self.clock() + seconds, values)
+            self._entries.move_to_end(digest)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def forget(self, pk) -> None:
+        """Forget the key whose primary key is `pk` (revoked in this process)."""
+        index = _KEY_ATTNAMES.index(AgentKey._meta.pk.attname)
+        with self._lock:
+            for digest in [d for d, (_, values) in self._entries.items()
+                           if values[index] == pk]:
+                del self._entries[digest]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_verified = VerifiedKeys()
 
 
 def _key_columns(alias: str = "") -> str:

@@ -37,6 +37,15 @@ SETTINGS: dict[str, Setting] = {
         "one is refused with 413 before it is read whole. Django's DATA_UPLOAD_MAX_MEMORY_SIZE "
         "(2.5 MB) still bounds it from above.",
     ),
+    "AGENT_KEY_CACHE_SECONDS": Setting(
+        0, "whole number",
+        "How long a web process believes an agent key it verified without asking the "
+        "database again (by the secret's SHA-256, never the secret; at most 1,024 keys). 0, "
+        "the default: every request asks, so a revoked key is refused from its next request "
+        "everywhere. A positive value saves a statement a request; a revoked key is then "
+        "refused at once by the process that revoked it and by any request naming an "
+        "operation, elsewhere within this many seconds.",
+    ),
     "MAX_JSON_DEPTH": Setting(
         64, "positive integer",
         "Deepest nesting of a JSON value the ledger takes (intents, evidence, fact values, "

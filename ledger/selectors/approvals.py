@@ -9,12 +9,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 
-from ledger import access
+from ledger import access, rows
 from ledger.errors import InvalidInput
 from ledger.models import (
     Approval,
@@ -26,6 +25,7 @@ from ledger.models import (
     ResolutionProposal,
 )
 from ledger.models.approval_gate import gate_sql
+from ledger.prepared import prepared_cursor
 from ledger.selectors.base import capped_count, visible
 from ledger.selectors.pagination import Page, keyset_page
 from ledger.states import NEEDS_REVIEW, State
@@ -64,8 +64,9 @@ SELECT g.needed, g.have, g.patterns, o.state, o.version, o.intent_fingerprint,
 
 
 def gate(op: Operation) -> Gate:
-    """The operation's approval gate as the database sees it now (one query)."""
-    with connection.cursor() as cursor:
+    """The operation's approval gate as the database sees it now (one prepared statement:
+    every submission asks it)."""
+    with prepared_cursor() as cursor:
         cursor.execute(_GATE, [op.pk])
         row = cursor.fetchone()
     if row is None:
@@ -99,10 +100,19 @@ class ApprovalStatus:
     requested_at: datetime | None
 
 
+_REQUEST_ROWS = rows.ModelRows(ApprovalRequest)
+_REQUEST_OF = (f"SELECT {_REQUEST_ROWS.columns} FROM {_REQUEST_ROWS.table}"
+               f" WHERE {_REQUEST_ROWS.column('operation')} = %s ORDER BY id LIMIT 1")
+
+
 def approval_status(op: Operation) -> ApprovalStatus:
-    """The operation's approval status now (two queries: the gate, the request)."""
+    """The operation's approval status now (two prepared statements: the gate, the
+    request)."""
     current = gate(op)
-    asked = ApprovalRequest.objects.filter(operation_id=op.pk).first()
+    with prepared_cursor() as cursor:
+        cursor.execute(_REQUEST_OF, [op.pk])
+        row = cursor.fetchone()
+    asked = None if row is None else _REQUEST_ROWS.instance(row)
     if current.denial is not None:
         status = "denied"
     elif current.needed == 0:

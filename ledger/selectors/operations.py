@@ -91,16 +91,27 @@ class OperationReceipt:
     approval: ApprovalStatus
 
 
+_EVENT_ROWS = rows.ModelRows(OperationEvent)
+_EVENTS_OF = (f"SELECT {_EVENT_ROWS.columns} FROM {_EVENT_ROWS.table}"
+              f" WHERE {_EVENT_ROWS.column('operation')} = %s ORDER BY version")
+_EVIDENCE_ROWS = rows.ModelRows(Evidence)
+_EVIDENCE_OF = (f"SELECT {_EVIDENCE_ROWS.columns} FROM {_EVIDENCE_ROWS.table}"
+                f" WHERE {_EVIDENCE_ROWS.column('operation')} = %s ORDER BY created_at, id")
+
+
 def operation_receipt(user, operation_id: str) -> OperationReceipt:
     """The operation `operation_id` with its events, evidence and approval status (as
-    `access_operation` fetches and checks it): four queries after that look-up."""
+    `access_operation` fetches and checks it): four queries after that look-up, each a
+    prepared statement written out once (an agent polls this), without the ORM's query
+    compilation."""
     op = access_operation(user, operation_id)
     status = approval_status(op)
-    return OperationReceipt(
-        operation=op, approval=status,
-        events=list(OperationEvent.objects.filter(operation=op).order_by("version")),
-        evidence=list(Evidence.objects.filter(operation=op).order_by("created_at", "id")),
-    )
+    with prepared_cursor() as cursor:
+        cursor.execute(_EVENTS_OF, [op.pk])
+        events = [_EVENT_ROWS.instance(row) for row in cursor.fetchall()]
+        cursor.execute(_EVIDENCE_OF, [op.pk])
+        evidence = [_EVIDENCE_ROWS.instance(row) for row in cursor.fetchall()]
+    return OperationReceipt(operation=op, approval=status, events=events, evidence=evidence)
 
 
 def remember_read(principal, operation_id: str, found: Operation | None) -> None:

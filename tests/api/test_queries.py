@@ -3,10 +3,14 @@
 In process through Django's test client (the API's middleware runs no query), under
 `transaction=True` so that, as when served, each statement outside a transaction commits
 on its own and no test savepoint is counted. An endpoint that names an operation reads
-the key and the operation in one statement (`agent_keys.authenticate_with_operation`).
+the key and the operation in one statement (`agent_keys.authenticate_with_operation`); one
+that names none reads the key unless this process verified it a moment ago
+(`agent_keys.VerifiedKeys`).
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from django.db import connection
@@ -84,6 +88,77 @@ def test_a_key_revoked_between_two_requests_is_refused_on_the_next(agent, admin)
                           content_type="application/json")
     assert response.status_code == 401
     assert agent.get(f"/api/v1/operations/{operation_id}").status_code == 401
+
+
+def _record(agent, key: str):
+    return agent.post("/api/v1/operations", {
+        "operation": "mail.send", "target": "smtp://mail.example", "intent": INTENT,
+        "idempotency_key": key}, content_type="application/json")
+
+
+def test_a_key_verified_a_moment_ago_is_not_asked_for_again(agent):
+    assert _record(agent, "first").status_code == 201
+
+    with CaptureQueriesContext(connection) as queries:
+        response = _record(agent, "second")
+
+    assert response.status_code == 201, response.content
+    # The idempotency look-up; the insert of the row and its event: no key read.
+    assert len(queries) == 2, _sql(queries)
+    assert not any("ledger_agentkey" in sql for sql in _sql(queries))
+
+
+def test_a_key_revoked_in_this_process_is_refused_at_once_even_when_verified(agent, admin):
+    from ledger import agent_keys
+
+    assert _record(agent, "before").status_code == 201
+
+    agent_keys.revoke("billing-bot", user=admin)
+
+    assert _record(agent, "after").status_code == 401
+
+
+def test_a_key_revoked_elsewhere_is_refused_within_the_cache_seconds(agent, settings):
+    # Revoked by another process: this one's verified keys are not told.
+    from django.utils import timezone
+
+    from ledger.models import AgentKey
+
+    settings.LEDGER_AGENT_KEY_CACHE_SECONDS = 1
+    assert _record(agent, "before").status_code == 201
+    AgentKey.objects.filter(name="billing-bot").update(revoked_at=timezone.now())
+
+    believed_until = time.monotonic() + 1
+    early = _record(agent, "meanwhile")
+    if time.monotonic() < believed_until:  # (a slow machine may already be past it)
+        assert early.status_code == 201, early.content
+    time.sleep(max(0.0, believed_until - time.monotonic()) + 0.05)
+
+    assert _record(agent, "after").status_code == 401
+
+
+def test_a_request_naming_an_operation_reads_the_key_and_forgets_a_revoked_one(agent):
+    from django.utils import timezone
+
+    from ledger.models import AgentKey
+
+    operation_id = _record(agent, "before").json()["operation_id"]
+    AgentKey.objects.filter(name="billing-bot").update(revoked_at=timezone.now())
+
+    # The key is read with the operation, whatever was verified before: refused at once,
+    assert agent.get(f"/api/v1/operations/{operation_id}").status_code == 401
+    # and no longer believed on requests that name none.
+    assert _record(agent, "after").status_code == 401
+
+
+def test_no_key_is_believed_again_with_the_cache_off(agent, settings):
+    settings.LEDGER_AGENT_KEY_CACHE_SECONDS = 0
+    assert _record(agent, "first").status_code == 201
+
+    with CaptureQueriesContext(connection) as queries:
+        assert _record(agent, "second").status_code == 201
+
+    assert len(queries) == 3, _sql(queries)
 
 
 def test_a_key_of_two_tenants_acts_on_an_operation_of_its_second(make_key):

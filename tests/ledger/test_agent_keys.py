@@ -204,3 +204,44 @@ def test_admin_add_page_shows_the_ledgers_refusal(client, admin_user):
     page = client.post("/admin/ledger/agentkey/add/", {"name": "bad name", "tenants": "x"})
     assert "expected an agent name" in page.content.decode()
     assert not AgentKey.objects.exists()
+
+
+def test_verified_keys_keep_no_secret_and_return_a_fresh_key_each_time(admin_user):
+    key, secret = agent_keys.create("cache-bot", tenants=["acme"], user=admin_user)
+
+    first = agent_keys.authenticate(secret)
+    again = agent_keys.authenticate(secret)
+
+    assert first.pk == again.pk == key.pk and first is not again
+    assert again.tenants == ["acme"] and again.name == "cache-bot"
+    entries = repr(agent_keys._verified._entries)
+    assert secret not in entries and secret[len(agent_keys.SECRET_PREFIX):] not in entries
+
+
+def test_verified_keys_are_bounded_in_number_the_least_recently_used_dropped(settings):
+    settings.LEDGER_AGENT_KEY_CACHE_SECONDS = 60
+    verified = agent_keys.VerifiedKeys(size=2)
+    keys = {name: AgentKey(pk=i + 1, name=name, prefix="alk_x", secret_hash=name * 64,
+                           tenants=["acme"]) for i, name in enumerate("abc")}
+    verified.put("a", keys["a"])
+    verified.put("b", keys["b"])
+    assert verified.get("a").name == "a"  # a used last: b goes first
+    verified.put("c", keys["c"])
+
+    assert verified.get("b") is None
+    assert verified.get("a").name == "a" and verified.get("c").name == "c"
+    verified.forget(3)
+    assert verified.get("c") is None
+
+
+def test_verified_keys_expire(settings):
+    settings.LEDGER_AGENT_KEY_CACHE_SECONDS = 5
+    now = [1000.0]
+    verified = agent_keys.VerifiedKeys(clock=lambda: now[0])
+    verified.put("a", AgentKey(pk=1, name="a", prefix="alk_x", secret_hash="a" * 64,
+                               tenants=["acme"]))
+
+    now[0] += 4.9
+    assert verified.get("a") is not None
+    now[0] += 0.2
+    assert verified.get("a") is None

@@ -14,6 +14,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
     assert {name: getattr(conf, name) for name in conf.SETTINGS} == {
         "MAX_INTENT_BYTES": 256 * 1024,
         "MAX_REQUEST_BYTES": 1024 * 1024,
+        "AGENT_KEY_CACHE_SECONDS": 0,
         "MAX_JSON_DEPTH": 64,
         "RECONCILE_MAX_FAILURES": 3,
         "UNKNOWN_OUTCOME_POLICIES": {},
