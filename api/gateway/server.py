@@ -172,9 +172,7 @@ class Gateway:
                 self.config = cfg.resolve(self.config, self.annotations)
                 cfg.check_against_tools(self.config,
                                         {t.name: t.input_schema for t in tools})
-                self.warnings = cfg.warnings(self.config)
-                for line in self.warnings:
-                    logger.warning("gateway: %s", line)
+                self.warnings = cfg.warnings(self.config)  # said at start by who serves
                 yield self
             finally:
                 tg.cancel_scope.cancel()
@@ -228,6 +226,8 @@ class Gateway:
         @asynccontextmanager
         async def lifespan(_app):
             async with self.connected(), manager.run():
+                for line in self.warnings:
+                    logger.warning("gateway: %s", line)
                 yield
 
         app.router.lifespan_context = lifespan
