@@ -37,16 +37,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import secrets
 import uuid
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
 import anyio
 import mcp_types as types
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
@@ -116,15 +115,20 @@ class Principal:
         return agent_keys.authenticate(self.secret) if self.secret else None
 
 
-def _db(fn):
-    """`fn` on Django's thread-sensitive thread, its connection closed if stale."""
+def _db(fn, *, fresh: bool = True):
+    """`fn` on Django's thread-sensitive thread. `fresh` (the first hop of a request):
+    a connection found stale or broken is replaced first (one health check); after an
+    error the connection is checked again. The hop that records a call's outcome follows
+    its first within the call's timeout and skips the health check's round trip."""
 
     def run(*args, **kwargs):
-        close_old_connections()
+        if fresh:
+            close_old_connections()
         try:
             return fn(*args, **kwargs)
         finally:
-            close_old_connections()
+            if connection.errors_occurred:
+                close_old_connections()
 
     return sync_to_async(run, thread_sensitive=True)
 
@@ -392,12 +396,11 @@ class Gateway:
             if explicit is not None:
                 op = self._record(key, tenant, tool, arguments, session, explicit)
             else:
-                with self._default_key_lock(tenant, key):
-                    found = self._default_key(key, tenant, tool, arguments)
-                    if isinstance(found, types.CallToolResult):
-                        return _ANSWER, found
-                    op = self._record(key, tenant, tool, arguments, session, found[0],
-                                      default=found[1])
+                found = self._default_key(key, tenant, tool, arguments)
+                if isinstance(found, types.CallToolResult):
+                    return _ANSWER, found
+                op = self._record(key, tenant, tool, arguments, session, found[0],
+                                  default=found[1])
         except LedgerError as exc:
             return _ANSWER, tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
         return self._try_submit(tool, op)
@@ -495,24 +498,6 @@ class Gateway:
             return "mcp-args:" + _digest({"tool": tool.name, "arguments": named})
         return None
 
-    @contextmanager
-    def _default_key_lock(self, tenant: str, key: AgentKey):
-        """One caller's default-key decisions one at a time, across every gateway process
-        of the same name (a PostgreSQL advisory lock of the session, held from the look-up
-        to the intent's commit): two identical calls at once are one intent."""
-        from django.db import connection
-
-        lock = int.from_bytes(hashlib.sha256(canonical_json(
-            ["agent-ledger.gateway", tenant, self.config.name, key.name]).encode()
-        ).digest()[:8], "big", signed=True)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s)", [lock])
-        try:
-            yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [lock])
-
     def _default_key(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments):
         """(the idempotency key, what the intent records for it) or the answer to send
         back (repeat = "ask").
@@ -524,19 +509,24 @@ class Gateway:
         call of the tool by this caller, nor any call on the same resource, came between.
         Any other call is a new intent (a new key), so write A, write B, write A sends
         three times; with repeat = "ask" a same-arguments call that is not a retry is
-        refused until the client sends a key of its own."""
+        refused until the client sends a key of its own.
+
+        A new key is derived from the call and the last earlier one (none: 0), not drawn
+        at random: two identical calls that find the ledger in the same state (at once, in
+        two gateway processes) make the same key, and the ledger records one intent."""
         call = _keyed({"gateway": self.config.name, "caller": key.name, "tool": tool.name,
                        "arguments": arguments})
         default = {"call": call}
         intent = self._intent(key, tool, arguments, None, default)
         fp = fingerprint(redact(intent, _redact_paths(tool)), _fields(default))
-        earlier = (Operation.objects.filter(tenant=tenant, operation=tool.operation,
-                                            intent_fingerprint=fp)
-                   .order_by("-id").only("id", "state", "state_changed_at",
-                                         "idempotency_key", "operation_id", "operation")
-                   .first())
+        # Every earlier call with this fingerprint, through its index (an ORDER BY id
+        # LIMIT 1 would let the planner walk the primary key back through all history).
+        earlier = max(Operation.objects.filter(
+            tenant=tenant, operation=tool.operation, intent_fingerprint=fp).only(
+            "id", "state", "state_changed_at", "idempotency_key", "operation_id",
+            "operation"), key=lambda op: op.id, default=None)
         if earlier is None:
-            return _new_key(), default
+            return _new_key(call, 0), default
         settled = earlier.state in (State.SUCCEEDED, State.REJECTED, State.ABANDONED)
         age = (timezone.now() - earlier.state_changed_at).total_seconds()
         recent = not settled or age <= tool.retry_window
@@ -564,7 +554,7 @@ class Gateway:
                 "configured repeat = \"ask\").")
             answer.meta = {META_NEEDS_KEY: True, META_OPERATION: earlier.operation_id}
             return answer
-        return _new_key(), default
+        return _new_key(call, earlier.id), default
 
     def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
         in_flight = timedelta(seconds=tool.in_flight) if tool.in_flight else None
@@ -704,7 +694,8 @@ class Gateway:
         """Record the outcome; _MovedOn (with the operation as it stands) when it was
         settled before this reply came (StaleVersion, IllegalTransition)."""
         try:
-            await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+            await _db(self._write_outcome, fresh=False)(op, state, error_code, detail,
+                                                        result, external_id)
         except (StaleVersion, IllegalTransition):
             current = await _db(Operation.objects.get)(pk=op.pk)
             raise _MovedOn(current, result if state == State.SUCCEEDED else None,
@@ -890,8 +881,10 @@ def _keyed(value: Any) -> str:
                        algorithm="sha256").hexdigest()[:40]
 
 
-def _new_key() -> str:
-    return f"mcp-default:{secrets.token_hex(16)}"
+def _new_key(call: str, after: int) -> str:
+    """The default key of a new intent: the call's keyed digest and the id of the last
+    earlier call it is not a retry of (0: none)."""
+    return f"mcp-default:{_digest([call, after])[:40]}"
 
 
 def _fields(default: dict[str, Any] | None) -> list[str]:

@@ -740,3 +740,39 @@ def test_a_result_above_the_forwarding_limit_is_refused_not_forwarded(make_key, 
     assert refused.meta["agent-ledger/result-too-large"] > 1_000_000
     assert again.is_error and "its result was not stored" in again.content[0].text
     assert len(invoices(tmp_path)) == 1
+
+
+def test_the_same_call_through_two_gateway_processes_at_once_is_sent_once(make_key,
+                                                                         tmp_path):
+    """Two gateway processes of one key (two MCP clients of one agent) make the same call
+    at once under the default key: the ledger holds one intent; one call sends it, the
+    other is told it is in flight; each, asked again after, gets the replay."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="slow", timeout=60)
+
+    async def main():
+        answers = []
+
+        async def one(client):
+            answers.append(await client.call_tool("create_invoice", invoice("c-1")))
+
+        async with through_gateway(config, secret) as a, through_gateway(config,
+                                                                         secret) as b:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, a)
+                tg.start_soon(one, b)
+            again = [await a.call_tool("create_invoice", invoice("c-1")),
+                     await b.call_tool("create_invoice", invoice("c-1"))]
+        return answers, again
+
+    answers, again = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "succeeded" and len(invoices(tmp_path)) == 1
+    sent = [a for a in answers if not a.is_error]
+    in_flight = [a for a in answers if a.is_error]
+    assert len(sent) == 1 and len(in_flight) == 1, answers
+    assert in_flight[0].meta["agent-ledger/in-flight"] is True
+    assert in_flight[0].meta["agent-ledger/operation-id"] == op.operation_id
+    for replay in again:
+        assert replay.meta["agent-ledger/replayed"] is True
+        assert replay.structured_content == sent[0].structured_content
