@@ -519,12 +519,7 @@ class Gateway:
         default = {"call": call}
         intent = self._intent(key, tool, arguments, None, default)
         fp = fingerprint(redact(intent, _redact_paths(tool)), _fields(default))
-        # Every earlier call with this fingerprint, through its index (an ORDER BY id
-        # LIMIT 1 would let the planner walk the primary key back through all history).
-        earlier = max(Operation.objects.filter(
-            tenant=tenant, operation=tool.operation, intent_fingerprint=fp).only(
-            "id", "state", "state_changed_at", "idempotency_key", "operation_id",
-            "operation"), key=lambda op: op.id, default=None)
+        earlier = _earlier(tenant, tool.operation, fp)
         if earlier is None:
             return _new_key(call, 0), default
         settled = earlier.state in (State.SUCCEEDED, State.REJECTED, State.ABANDONED)
@@ -606,7 +601,6 @@ class Gateway:
             answer = await self._forward_call(tool, op, arguments)
         except _MovedOn as moved:
             answer = _late(moved.current, moved.reply)
-            op = moved.current
         if answer.is_error or _size(answer) <= self.config.max_forward_bytes:
             return answer
         recorded = await _db(Operation.objects.get)(pk=op.pk)  # as its outcome left it
@@ -879,6 +873,32 @@ def _keyed(value: Any) -> str:
     it."""
     return salted_hmac("agent-ledger.gateway", canonical_json(value),
                        algorithm="sha256").hexdigest()[:40]
+
+
+# Every earlier call with the fingerprint, through its index (an ORDER BY id LIMIT 1 would
+# let the planner walk the primary key back through all history). Bound on the server, so
+# PostgreSQL plans it once per connection, not at every call.
+_EARLIER = (f"SELECT id, state, state_changed_at, idempotency_key, operation_id, operation "
+            f"FROM {Operation._meta.db_table} "
+            "WHERE tenant = %s AND operation = %s AND intent_fingerprint = %s")
+
+
+class _Earlier:
+    def __init__(self, row):
+        (self.id, self.state, self.state_changed_at, self.idempotency_key,
+         self.operation_id, self.operation) = row
+
+
+def _earlier(tenant: str, operation: str, fp: str) -> _Earlier | None:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
+    with connection.make_cursor(raw) as cursor:
+        cursor.execute(_EARLIER, [tenant, operation, fp])
+        rows = cursor.fetchall()
+    return _Earlier(max(rows)) if rows else None
 
 
 def _new_key(call: str, after: int) -> str:
