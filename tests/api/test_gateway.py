@@ -679,6 +679,10 @@ def test_a_restarted_gateway_does_not_send_the_same_call_again(make_key, tmp_pat
     assert Operation.objects.count() == 2
     connections = {o.intent["mcp"]["connection"] for o in Operation.objects.all()}
     assert len(connections) == 2  # recorded by two of the four gateway processes
+    for recorded in Operation.objects.all():  # the keyed digest is stored as made
+        assert recorded.intent["mcp"]["caller"] == "billing-bot"
+        assert len(recorded.intent["mcp"]["call"]) == 40
+        assert set(recorded.intent["mcp"]["call"]) <= set("0123456789abcdef")
 
 
 def test_outside_the_retry_window_a_repeat_is_sent_or_asks_for_a_key(make_key, tmp_path):
