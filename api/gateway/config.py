@@ -146,6 +146,8 @@ class Config:
     upstream: Upstream
     tools: dict[str, Tool]
     max_forward_bytes: int = DEFAULT_MAX_FORWARD_BYTES
+    # Refuse to start while a consequential tool has no key rule (instead of a warning).
+    require_key_rule: bool = False
 
     def tool(self, name: str) -> Tool:
         """The configuration of tool `name`: pass-through when it is not listed."""
@@ -175,7 +177,8 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
     t = _Table(data, "top level", source)
     t.only({"gateway", "upstream", "tools"})
     gateway = _Table(t.get("gateway", dict, {}), "[gateway]", source)
-    gateway.only({"name", "tenant", "max_result_bytes", "max_forward_bytes"})
+    gateway.only({"name", "tenant", "max_result_bytes", "max_forward_bytes",
+                  "require_key_rule"})
     name = gateway.get("name", str, "upstream")
     if not _PATH.fullmatch(name):
         gateway.fail("name", "letters, digits, '_' or '-'", repr(name))
@@ -183,6 +186,7 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
     max_result = gateway.get("max_result_bytes", int, DEFAULT_MAX_RESULT_BYTES)
     if max_result < 1:
         gateway.fail("max_result_bytes", "a positive number of bytes", max_result)
+    require_key_rule = gateway.get("require_key_rule", bool, False)
     max_forward = gateway.get("max_forward_bytes", int, DEFAULT_MAX_FORWARD_BYTES)
     if max_forward < 1:
         gateway.fail("max_forward_bytes", "a positive number of bytes", max_forward)
@@ -194,7 +198,8 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
             tools_table.fail(tool_name, "a table", type(raw).__name__)
         tools[tool_name] = _tool(tool_name, _Table(raw, f"[tools.{tool_name}]", source), name)
     return Config(path=source, name=name, tenant=tenant, max_result_bytes=max_result,
-                  upstream=upstream, tools=tools, max_forward_bytes=max_forward)
+                  upstream=upstream, tools=tools, max_forward_bytes=max_forward,
+                  require_key_rule=require_key_rule)
 
 
 def _upstream(t: _Table, base: Path | None) -> Upstream:
@@ -250,8 +255,8 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     key_from = key.get("from", str, KEY_FROM_SESSION)
     if key_from not in (KEY_FROM_SESSION, KEY_FROM_DEFAULT, KEY_FROM_ARGUMENTS,
                         KEY_FROM_META):
-        key.fail("from", f"one of {KEY_FROM_SESSION!r}, {KEY_FROM_ARGUMENTS!r}, "
-                 f"{KEY_FROM_META!r}", repr(key_from))
+        key.fail("from", f"one of {KEY_FROM_SESSION!r} (or {KEY_FROM_DEFAULT!r}), "
+                 f"{KEY_FROM_ARGUMENTS!r}, {KEY_FROM_META!r}", repr(key_from))
     names = key.get("names", list, [])
     if key_from == KEY_FROM_ARGUMENTS and not names:
         key.fail("names", "the argument names the key is made of (from = 'arguments')",
@@ -579,7 +584,8 @@ def resolve(config: Config, annotations: dict[str, dict[str, Any]]) -> Config:
         tools[name] = tool
     return Config(path=config.path, name=config.name, tenant=config.tenant,
                   max_result_bytes=config.max_result_bytes, upstream=config.upstream,
-                  tools=tools, max_forward_bytes=config.max_forward_bytes)
+                  tools=tools, max_forward_bytes=config.max_forward_bytes,
+                  require_key_rule=config.require_key_rule)
 
 
 def _auto(config: Config, name: str, source: str) -> Tool:
@@ -598,6 +604,21 @@ def _auto(config: Config, name: str, source: str) -> Tool:
 def _replace(tool: Tool, **changes) -> Tool:
     from dataclasses import replace
     return replace(tool, **changes)
+
+
+def check_key_rules(config: Config) -> None:
+    """With `[gateway] require_key_rule = true`: ConfigError while any consequential tool
+    (configured, or made so by its annotations) has no key rule."""
+    if not config.require_key_rule:
+        return
+    missing = [t.name for t in config.tools.values()
+               if t.is_consequential and t.uses_default_key and not t.key_configured]
+    if missing:
+        raise ConfigError(
+            f"{config.path}: [gateway] require_key_rule: expected a key rule (key = {{ from "
+            f"= \"arguments\", names = [...] }}, or {{ from = \"meta\" }}, or {{ from = "
+            f"\"default\" }} to accept the default) for every consequential tool, found "
+            f"none for {missing}")
 
 
 def warnings(config: Config) -> list[str]:

@@ -176,6 +176,7 @@ class Gateway:
                 self.config = cfg.resolve(self.config, self.annotations)
                 cfg.check_against_tools(self.config,
                                         {t.name: t.input_schema for t in tools})
+                cfg.check_key_rules(self.config)
                 self.warnings = cfg.warnings(self.config)  # said at start by who serves
                 yield self
             finally:

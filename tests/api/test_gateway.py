@@ -618,8 +618,17 @@ def test_a_configuration_that_does_not_fit_the_upstream_is_refused(make_key, tmp
     assert "warning: " in done.stderr and "[tools.create_invoice] is consequential " \
         "(config) without a key rule: the default key takes a call with the same " \
         "arguments for a retry only within retry_window = 30 s" in done.stderr
+    strict = write_config(tmp_path, name="e.toml")
+    strict.write_text(strict.read_text().replace('name = "billing"',
+                                                 'name = "billing"\nrequire_key_rule = true'))
+    done = run_gateway(strict, secret, "--check")
+    assert done.returncode != 0
+    assert "[gateway] require_key_rule: expected a key rule" in done.stderr
+    assert "found none for ['create_invoice']" in done.stderr
     keyed = write_config(tmp_path, name="d.toml",
                          extra='key = { from = "arguments", names = ["reference"] }')
+    keyed.write_text(keyed.read_text().replace('name = "billing"',
+                                               'name = "billing"\nrequire_key_rule = true'))
     done = run_gateway(keyed, secret, "--check")
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
 
