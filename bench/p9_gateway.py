@@ -6,6 +6,10 @@ to a `manage.py mcp_gateway` where noop is consequential (every call a new recei
 submitted, succeeded with its result), one to a gateway where noop passes through. The
 calls are interleaved in rounds, so machine noise hits every side alike. Prints the ratio
 and the milliseconds the receipt adds, per call (medians).
+
+P9_BEFORE_ROOT=/path/to/another/checkout adds a fourth side: the receipted gateway of that
+tree (its `manage.py mcp_gateway`, on the same database), in the same rounds, so a change
+is measured against the tree before it side by side on a busy machine.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -70,19 +75,31 @@ def main() -> dict:
     _, secret = agent_keys.create(name, tenants=["default"], user=ShellOperator())
     env = {**os.environ, "LEDGER_AGENT_KEY": secret, "LEDGER_DATABASE_NAME": BENCH_DATABASE}
 
-    def gateway(path: Path) -> Client:
+    before_root = os.environ.get("P9_BEFORE_ROOT", "")
+
+    def gateway(path: Path, root: Path = ROOT) -> Client:
         return Client(StdioServerParameters(
             command=sys.executable, args=["manage.py", "mcp_gateway", "--config", str(path)],
-            cwd=str(ROOT), env=env), cache=None)
+            cwd=str(root), env=env), cache=None)
 
-    watches = {side: Stopwatch(side) for side in ("direct", "receipt", "pass_through")}
+    side_names = ["direct", "receipt", "pass_through"] + (["receipt_before"] if before_root
+                                                          else [])
+    watches = {side: Stopwatch(side) for side in side_names}
 
     async def measure(directory: Path) -> None:
         direct = Client(StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:]),
                         cache=None)
-        async with direct, gateway(config(directory, "receipt", True)) as receipt, \
-                gateway(config(directory, "pass", False)) as passing:
-            clients = {"direct": direct, "receipt": receipt, "pass_through": passing}
+        async with AsyncExitStack() as stack:
+            clients = {
+                "direct": await stack.enter_async_context(direct),
+                "receipt": await stack.enter_async_context(
+                    gateway(config(directory, "receipt", True))),
+                "pass_through": await stack.enter_async_context(
+                    gateway(config(directory, "pass", False))),
+            }
+            if before_root:
+                clients["receipt_before"] = await stack.enter_async_context(
+                    gateway(config(directory, "before", True), Path(before_root)))
             sides = list(clients)
             for n in range(10):  # warm up every path (imports, prepared statements)
                 for side in sides:
@@ -112,6 +129,11 @@ def main() -> dict:
         "receipt_p95_ms": receipt.percentile(0.95) * 1000,
         "calls_per_side": rounds,
     }
+    if before_root:
+        before = watches["receipt_before"]
+        summary.update({"before_receipt_median_ms": before.median * 1000,
+                        "before_added_ms": (before.median - direct.median) * 1000,
+                        "before_ratio": before.median / direct.median})
     print_table(f"P9 MCP gateway ({rounds} calls per side, stdio, upstream does nothing)", [
         ("straight to the upstream", ms(direct.median)),
         ("through the gateway, pass-through", ms(passing.median)),
@@ -120,6 +142,11 @@ def main() -> dict:
         ("ratio (receipt / direct)", f"{summary['ratio']:.2f}x"),
         ("added per call", f"{summary['added_ms']:.2f} ms"),
         ("pass-through ratio", f"{summary['pass_through_ratio']:.2f}x"),
+        *([("the tree before: with a receipt", ms(watches["receipt_before"].median)),
+           ("the tree before: added per call", f"{summary['before_added_ms']:.2f} ms"),
+           ("this tree's receipt / the tree before's",
+            f"{receipt.median / watches['receipt_before'].median:.2f}x")]
+          if before_root else []),
     ])
     record("P9", summary)
     return summary

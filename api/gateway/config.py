@@ -20,9 +20,16 @@ from ledger.states import RetryPolicy
 PASS_THROUGH = "pass-through"
 CONSEQUENTIAL = "consequential"
 
-KEY_FROM_SESSION = "session"
+KEY_FROM_SESSION = "session"   # the default key (also spelled "default")
+KEY_FROM_DEFAULT = "default"
 KEY_FROM_ARGUMENTS = "arguments"
 KEY_FROM_META = "meta"
+
+# What the default key does with a same-arguments call it cannot take for a retry (outside
+# the retry window, or another call of the tool or on its resource came between): send it
+# as a new intent, or answer that the call needs an explicit key.
+REPEAT_SEND = "send"
+REPEAT_ASK = "ask"
 
 # The `_meta` entry an MCP client sets to name its own idempotency key for one tool call.
 META_KEY = "agent-ledger/idempotency-key"
@@ -35,6 +42,8 @@ DEFAULT_TIMEOUT = 30.0
 # call of that tool between) is taken as its retry under the default key.
 DEFAULT_RETRY_WINDOW = 30.0
 DEFAULT_MAX_RESULT_BYTES = 256 * 1024
+# A forwarded upstream result larger than this (JSON bytes) is refused, not forwarded whole.
+DEFAULT_MAX_FORWARD_BYTES = 4 * 1024 * 1024
 _TEMPLATE = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 _PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
@@ -106,10 +115,26 @@ class Tool:
     unknown_when: tuple[str, ...] = ()
     error_code: str = ""
     retry_window: float = DEFAULT_RETRY_WINDOW
+    # The default key's answer to a same-arguments call it cannot take for a retry; None:
+    # decided by the upstream's idempotentHint (false: ask; otherwise: send).
+    repeat: str | None = None
+    # Argument names that name the resource a call changes (e.g. ["path"]): a call of any
+    # consequential tool on the same resource between two same-arguments calls makes the
+    # second a new intent.
+    resource: tuple[str, ...] = ()
+    key_configured: bool = False   # the configuration names a key rule
+    # Where the mode comes from: "config", or (mode not configured) the upstream's
+    # annotations: "readOnlyHint", "destructiveHint", "readOnlyHint=false", "no hints".
+    mode_source: str = "config"
+    mode_configured: bool = True
 
     @property
     def is_consequential(self) -> bool:
         return self.mode == CONSEQUENTIAL
+
+    @property
+    def uses_default_key(self) -> bool:
+        return self.key_from in (KEY_FROM_SESSION, KEY_FROM_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -120,10 +145,14 @@ class Config:
     max_result_bytes: int
     upstream: Upstream
     tools: dict[str, Tool]
+    max_forward_bytes: int = DEFAULT_MAX_FORWARD_BYTES
+    # Refuse to start while a consequential tool has no key rule (instead of a warning).
+    require_key_rule: bool = False
 
     def tool(self, name: str) -> Tool:
         """The configuration of tool `name`: pass-through when it is not listed."""
-        return self.tools.get(name) or Tool(name=name)
+        return self.tools.get(name) or Tool(name=name, mode_source="not listed",
+                                           mode_configured=False)
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -148,7 +177,8 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
     t = _Table(data, "top level", source)
     t.only({"gateway", "upstream", "tools"})
     gateway = _Table(t.get("gateway", dict, {}), "[gateway]", source)
-    gateway.only({"name", "tenant", "max_result_bytes"})
+    gateway.only({"name", "tenant", "max_result_bytes", "max_forward_bytes",
+                  "require_key_rule"})
     name = gateway.get("name", str, "upstream")
     if not _PATH.fullmatch(name):
         gateway.fail("name", "letters, digits, '_' or '-'", repr(name))
@@ -156,6 +186,10 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
     max_result = gateway.get("max_result_bytes", int, DEFAULT_MAX_RESULT_BYTES)
     if max_result < 1:
         gateway.fail("max_result_bytes", "a positive number of bytes", max_result)
+    require_key_rule = gateway.get("require_key_rule", bool, False)
+    max_forward = gateway.get("max_forward_bytes", int, DEFAULT_MAX_FORWARD_BYTES)
+    if max_forward < 1:
+        gateway.fail("max_forward_bytes", "a positive number of bytes", max_forward)
     upstream = _upstream(_Table(t.require("upstream", dict), "[upstream]", source), base)
     tools_table = _Table(t.get("tools", dict, {}), "[tools]", source)
     tools = {}
@@ -164,7 +198,8 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
             tools_table.fail(tool_name, "a table", type(raw).__name__)
         tools[tool_name] = _tool(tool_name, _Table(raw, f"[tools.{tool_name}]", source), name)
     return Config(path=source, name=name, tenant=tenant, max_result_bytes=max_result,
-                  upstream=upstream, tools=tools)
+                  upstream=upstream, tools=tools, max_forward_bytes=max_forward,
+                  require_key_rule=require_key_rule)
 
 
 def _upstream(t: _Table, base: Path | None) -> Upstream:
@@ -196,17 +231,20 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     t.only({"mode", "operation", "target", "key", "keep", "redact", "external_id",
             "external_id_template", "timeout", "retry_policy", "approval_wait", "in_flight",
             "reconcile", "on_error", "rejected_when", "unknown_when", "error_code",
-            "retry_window"})
-    mode = t.get("mode", str, PASS_THROUGH)
-    if mode not in (PASS_THROUGH, CONSEQUENTIAL):
+            "retry_window", "repeat", "resource"})
+    mode = t.get("mode", str, None)
+    if mode is not None and mode not in (PASS_THROUGH, CONSEQUENTIAL):
         t.fail("mode", f"{PASS_THROUGH!r} or {CONSEQUENTIAL!r}", repr(mode))
+    settings = sorted(set(t.data) - {"mode"})
     if mode == PASS_THROUGH:
-        extra = sorted(set(t.data) - {"mode"})
-        if extra:
-            t.fail(extra[0], f"nothing but mode for a {PASS_THROUGH} tool (its calls are "
+        if settings:
+            t.fail(settings[0], f"nothing but mode for a {PASS_THROUGH} tool (its calls are "
                    "forwarded as they are)", "a setting of consequential tools")
         return Tool(name=name)
-    operation = t.require("operation", str)
+    if mode is None and not settings:
+        # Listed without a mode or settings: the upstream's annotations decide.
+        return Tool(name=name, mode_source="no hints", mode_configured=False)
+    operation = t.get("operation", str, default_operation(gateway_name, name))
     try:
         check_operation_name(operation)
     except ValueError as exc:
@@ -215,9 +253,10 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     key = _Table(t.get("key", dict, {}), f"[tools.{name}.key]", t.source)
     key.only({"from", "names"})
     key_from = key.get("from", str, KEY_FROM_SESSION)
-    if key_from not in (KEY_FROM_SESSION, KEY_FROM_ARGUMENTS, KEY_FROM_META):
-        key.fail("from", f"one of {KEY_FROM_SESSION!r}, {KEY_FROM_ARGUMENTS!r}, "
-                 f"{KEY_FROM_META!r}", repr(key_from))
+    if key_from not in (KEY_FROM_SESSION, KEY_FROM_DEFAULT, KEY_FROM_ARGUMENTS,
+                        KEY_FROM_META):
+        key.fail("from", f"one of {KEY_FROM_SESSION!r} (or {KEY_FROM_DEFAULT!r}), "
+                 f"{KEY_FROM_ARGUMENTS!r}, {KEY_FROM_META!r}", repr(key_from))
     names = key.get("names", list, [])
     if key_from == KEY_FROM_ARGUMENTS and not names:
         key.fail("names", "the argument names the key is made of (from = 'arguments')",
@@ -226,8 +265,12 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
         key.fail("names", f"no names with from = {key_from!r}", names)
     keep = t.get("keep", list, None)
     redact = t.get("redact", list, [])
+    resource = t.get("resource", list, [])
+    repeat = t.get("repeat", str, None)
+    if repeat is not None and repeat not in (REPEAT_SEND, REPEAT_ASK):
+        t.fail("repeat", f"{REPEAT_SEND!r} or {REPEAT_ASK!r}", repr(repeat))
     for key_name, paths in (("keep", keep or []), ("redact", redact),
-                            ("key.names", names)):
+                            ("key.names", names), ("resource", resource)):
         for p in paths:
             if not isinstance(p, str) or not _PATH.fullmatch(p):
                 t.fail(key_name, "a list of argument names or dotted paths", repr(p))
@@ -272,7 +315,7 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
         reconcile = _reconcile(_Table(reconcile_raw, f"[tools.{name}.reconcile]", t.source),
                                keep)
     return Tool(
-        name=name, mode=mode, operation=operation, target=target, key_from=key_from,
+        name=name, mode=CONSEQUENTIAL, operation=operation, target=target, key_from=key_from,
         key_names=tuple(names), keep=None if keep is None else tuple(keep),
         redact=tuple(redact), external_id=external_id,
         external_id_template=external_id_template,
@@ -281,8 +324,15 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
         reconcile=reconcile, on_error=on_error,
         rejected_when=tuple(patterns["rejected_when"]),
         unknown_when=tuple(patterns["unknown_when"]), error_code=error_code,
-        retry_window=retry_window,
+        retry_window=retry_window, repeat=repeat, resource=tuple(resource),
+        key_configured="key" in t.data, mode_configured=mode is not None,
+        mode_source="config" if mode is not None else "settings",
     )
+
+
+def default_operation(gateway_name: str, tool_name: str) -> str:
+    """The operation name of a consequential tool that names none: '<gateway>.<tool>'."""
+    return f"{gateway_name}.{tool_name}"
 
 
 def _reconcile(t: _Table, keep: list[str] | None) -> Reconcile:
@@ -414,7 +464,8 @@ def check_against_tools(config: Config, tools: dict[str, dict[str, Any]]) -> Non
         if not tool.is_consequential:
             continue
         props = _properties(tools[tool.name])
-        for what, paths in (("key.names", tool.key_names), ("keep", tool.keep or ())):
+        for what, paths in (("key.names", tool.key_names), ("keep", tool.keep or ()),
+                            ("resource", tool.resource)):
             for p in paths:
                 top = p.split(".")[0]
                 if props is not None and top not in props:
@@ -497,3 +548,117 @@ def render(template: Any, arguments: dict[str, Any]) -> Any:
         return found if isinstance(found, str) else str(found)
 
     return _TEMPLATE.sub(one, template)
+
+
+# --- the upstream's annotations ----------------------------------------------------------
+
+HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint")
+
+
+def resolve(config: Config, annotations: dict[str, dict[str, Any]]) -> Config:
+    """The configuration with every upstream tool's mode and repeat rule decided.
+
+    `annotations`: name -> the hints the upstream declares for it (readOnlyHint,
+    destructiveHint, idempotentHint; absent when it declares none). What the configuration
+    says wins; for a tool it lists without a mode (or does not list): readOnlyHint true
+    passes through; destructiveHint true, or readOnlyHint false, makes it consequential
+    (operation '<gateway>.<tool>', the default key); no hints: pass-through. The default
+    key's `repeat` (when not configured): "ask" for a tool whose idempotentHint is false
+    (a second call would be a second effect), else "send"."""
+    tools = dict(config.tools)
+    for name, hints in annotations.items():
+        tool = tools.get(name) or config.tool(name)
+        if not tool.mode_configured and tool.mode_source not in ("settings",):
+            if hints.get("readOnlyHint") is True:
+                tool = _replace(tool, mode=PASS_THROUGH, mode_source="readOnlyHint")
+            elif hints.get("destructiveHint") is True:
+                tool = _auto(config, name, "destructiveHint")
+            elif hints.get("readOnlyHint") is False:
+                tool = _auto(config, name, "readOnlyHint=false")
+            else:
+                tool = _replace(tool, mode=PASS_THROUGH, mode_source=(
+                    "no hints" if name in config.tools else "not listed, no hints"))
+        if tool.is_consequential and tool.repeat is None:
+            idempotent = hints.get("idempotentHint")
+            tool = _replace(tool, repeat=REPEAT_ASK if idempotent is False else REPEAT_SEND)
+        tools[name] = tool
+    return Config(path=config.path, name=config.name, tenant=config.tenant,
+                  max_result_bytes=config.max_result_bytes, upstream=config.upstream,
+                  tools=tools, max_forward_bytes=config.max_forward_bytes,
+                  require_key_rule=config.require_key_rule)
+
+
+def _auto(config: Config, name: str, source: str) -> Tool:
+    operation = default_operation(config.name, name)
+    try:
+        check_operation_name(operation)
+    except ValueError as exc:
+        raise ConfigError(f"{config.path}: [tools.{name}]: expected a tool name that makes an "
+                          f"operation name ({source} makes it consequential), found "
+                          f"{exc}; list it with an operation") from None
+    return Tool(name=name, mode=CONSEQUENTIAL, operation=operation,
+                target=f"mcp://{config.name}/{name}", mode_source=source,
+                mode_configured=False)
+
+
+def _replace(tool: Tool, **changes) -> Tool:
+    from dataclasses import replace
+    return replace(tool, **changes)
+
+
+def check_key_rules(config: Config) -> None:
+    """With `[gateway] require_key_rule = true`: ConfigError while any consequential tool
+    (configured, or made so by its annotations) has no key rule."""
+    if not config.require_key_rule:
+        return
+    missing = [t.name for t in config.tools.values()
+               if t.is_consequential and t.uses_default_key and not t.key_configured]
+    if missing:
+        raise ConfigError(
+            f"{config.path}: [gateway] require_key_rule: expected a key rule (key = {{ from "
+            f"= \"arguments\", names = [...] }}, or {{ from = \"meta\" }}, or {{ from = "
+            f"\"default\" }} to accept the default) for every consequential tool, found "
+            f"none for {missing}")
+
+
+def warnings(config: Config) -> list[str]:
+    """One line per consequential tool without a key rule (said at start): the default key
+    decides what a retry is."""
+    out = []
+    for tool in config.tools.values():
+        if tool.is_consequential and tool.uses_default_key and not tool.key_configured:
+            otherwise = ("refused until the client sends its own key (repeat = \"ask\")"
+                         if tool.repeat == REPEAT_ASK else "sent as a new call")
+            out.append(
+                f"warning: {config.path}: [tools.{tool.name}] is consequential "
+                f"({tool.mode_source}) without a key rule: the default key takes a call "
+                f"with the same arguments for a retry only within retry_window = "
+                f"{tool.retry_window:g} s of the last one, with no other call of the tool"
+                f"{' or on its resource' if tool.resource else ''} between; otherwise it is "
+                f"{otherwise}. Set key = {{ from = \"arguments\", names = [...] }}, or have "
+                f"the client send _meta[{META_KEY!r}]")
+    return out
+
+
+def table(config: Config, annotations: dict[str, dict[str, Any]]) -> str:
+    """The resolved configuration of every upstream tool, one line each, for `--check`."""
+    rows = [("tool", "hints", "mode", "because", "operation", "key", "repeat")]
+    for name in sorted(annotations):
+        hints = annotations[name]
+        tool = config.tool(name)
+        shown = ",".join(f"{h[:-4]}={'yes' if hints[h] else 'no'}" for h in HINTS
+                         if h in hints) or "-"
+        if tool.is_consequential:
+            if tool.key_from == KEY_FROM_ARGUMENTS:
+                key = "arguments " + ",".join(tool.key_names)
+            elif tool.key_from == KEY_FROM_META:
+                key = "meta"
+            else:
+                key = f"default ({tool.retry_window:g} s)"
+            rows.append((name, shown, "receipted", tool.mode_source, tool.operation, key,
+                         (tool.repeat or REPEAT_SEND) if tool.uses_default_key else "-"))
+        else:
+            rows.append((name, shown, "pass-through", tool.mode_source, "-", "-", "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip() for row in rows)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 import uuid
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -46,14 +45,17 @@ from typing import Any
 import anyio
 import mcp_types as types
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
 from api.gateway import config as cfg
 from api.gateway.upstream import UpstreamLink, UpstreamUnreachable
-from ledger import access, approvals, conf, receipts, transitions
-from ledger.canonical import canonical_json, redact, scrub_text
+from ledger import access, approvals, conf, notifications, receipts, transitions
+from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     ApprovalDenied,
     ApprovalRequired,
@@ -83,8 +85,15 @@ META_SENT_AT = "agent-ledger/sent-at"
 META_RETRY_AFTER = "agent-ledger/retry-after"
 META_LATE = "agent-ledger/late-reply"
 META_STATE = "agent-ledger/state"
+META_NEEDS_KEY = "agent-ledger/needs-key"
+META_TOO_LARGE = "agent-ledger/result-too-large"
+META_OUTCOME = "agent-ledger/outcome"
+META_POLICY = "agent-ledger/error-policy"
 IN_FLIGHT_RETRY_AFTER = 1  # seconds
-MAX_RECENT = 10_000  # sessions x tools whose last call the gateway remembers
+
+# What `_begin` hands back: send it now, answer from its record, wait for an approval, or
+# answer with the tool error it made.
+_SEND, _SETTLED, _APPROVAL, _ANSWER = "send", "settled", "approval", "answer"
 
 
 class Principal:
@@ -106,15 +115,20 @@ class Principal:
         return agent_keys.authenticate(self.secret) if self.secret else None
 
 
-def _db(fn):
-    """`fn` on Django's thread-sensitive thread, its connection closed if stale."""
+def _db(fn, *, fresh: bool = True):
+    """`fn` on Django's thread-sensitive thread. `fresh` (the first hop of a request):
+    a connection found stale or broken is replaced first (one health check); after an
+    error the connection is checked again. The hop that records a call's outcome follows
+    its first within the call's timeout and skips the health check's round trip."""
 
     def run(*args, **kwargs):
-        close_old_connections()
+        if fresh:
+            close_old_connections()
         try:
             return fn(*args, **kwargs)
         finally:
-            close_old_connections()
+            if connection.errors_occurred:
+                close_old_connections()
 
     return sync_to_async(run, thread_sensitive=True)
 
@@ -140,8 +154,8 @@ class Gateway:
         self.principal = principal
         self.link = UpstreamLink(config.upstream)
         self.stdio_session = ""
-        # (session, tool) -> the session's last call of the tool (its default key)
-        self._recent: dict[tuple[str, str], _Recent] = {}
+        self.warnings: list[str] = []
+        self.annotations: dict[str, dict[str, Any]] = {}
         self.server = self._build_server()
 
     # --- life cycle --------------------------------------------------------------------
@@ -158,6 +172,12 @@ class Gateway:
                 tools = await self.link.list_all_tools(self.config.upstream.connect_timeout)
                 cfg.check_against_tools(self.config,
                                         {t.name: t.input_schema for t in tools})
+                self.annotations = {t.name: _hints(t) for t in tools}
+                self.config = cfg.resolve(self.config, self.annotations)
+                cfg.check_against_tools(self.config,
+                                        {t.name: t.input_schema for t in tools})
+                cfg.check_key_rules(self.config)
+                self.warnings = cfg.warnings(self.config)  # said at start by who serves
                 yield self
             finally:
                 tg.cancel_scope.cancel()
@@ -211,6 +231,8 @@ class Gateway:
         @asynccontextmanager
         async def lifespan(_app):
             async with self.connected(), manager.run():
+                for line in self.warnings:
+                    logger.warning("gateway: %s", line)
                 yield
 
         app.router.lifespan_context = lifespan
@@ -302,83 +324,144 @@ class Gateway:
     async def _call_tool(self, ctx, params: types.CallToolRequestParams):
         tool = self.config.tool(params.name)
         arguments = dict(params.arguments or {})
-        key, tenant = await self._authorized(ctx)
         if not tool.is_consequential:
+            await self._authorized(ctx)
             client = await self._upstream()
             try:
-                return await self._guard(client, client.call_tool(params.name, arguments))
+                result = await self._guard(client, client.call_tool(params.name, arguments))
             except RuntimeError as exc:  # the SDK's check of the tool's output schema
                 return tool_error(f"The upstream's result of {params.name} broke the output "
                                   f"schema it declares: {exc}")
-        return await self._consequential(ctx, key, tenant, tool, arguments, params)
+            return self._within_limit(params.name, result)
+        return await self._consequential(ctx, tool, arguments, params)
+
+    def _within_limit(self, name: str, result: types.CallToolResult, op: Operation | None = None
+                      ) -> types.CallToolResult:
+        """`result`, or a tool error when it is larger than `[gateway] max_forward_bytes`:
+        a result that size is refused, not forwarded whole."""
+        size = _size(result)
+        limit = self.config.max_forward_bytes
+        if size <= limit:
+            return result
+        done = (f" The call itself was recorded: operation {op.operation} "
+                f"({op.operation_id}) {op.state}"
+                f"{f', external id {op.external_id}' if op.external_id else ''}; it is not "
+                "sent again." if op is not None else "")
+        answer = tool_error(
+            f"Result too large: the upstream's result of {name} is {size:,} bytes of JSON, "
+            f"above the {limit:,} bytes this gateway forwards ([gateway] max_forward_bytes); "
+            f"it is not forwarded.{done} Ask for less (a range, a page, a summary).")
+        answer.meta = {META_TOO_LARGE: size}
+        if op is not None:
+            answer.meta[META_OPERATION] = op.operation_id
+        return answer
 
     # --- a consequential call ------------------------------------------------------------
 
-    async def _consequential(self, ctx, key: AgentKey, tenant: str, tool: cfg.Tool,
-                             arguments: dict[str, Any], params: types.CallToolRequestParams
-                             ) -> types.CallToolResult:
+    async def _consequential(self, ctx, tool: cfg.Tool, arguments: dict[str, Any],
+                             params: types.CallToolRequestParams) -> types.CallToolResult:
         meta = params.meta if params.meta is not None else {}
         if not isinstance(meta, dict):
             meta = meta.model_dump(by_alias=True)
         session = self._session_of(ctx)
+        # One hop to the database thread: the key's check, the idempotency key, the intent
+        # and (when it is to be sent) its submission.
         try:
-            idempotency_key, recent = self._key(tool, arguments, session, meta)
-        except LedgerError as exc:
-            return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
-        try:
-            return await self._run_call(key, tenant, tool, arguments, session,
-                                        idempotency_key)
-        finally:
-            if recent is not None:
-                recent.ended()
-
-    async def _run_call(self, key: AgentKey, tenant: str, tool: cfg.Tool,
-                        arguments: dict[str, Any], session: str | None,
-                        idempotency_key: str) -> types.CallToolResult:
-        try:
-            op = await _db(self._record)(key, tenant, tool, arguments, session,
-                                         idempotency_key)
-        except LedgerError as exc:
-            return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+            step, op = await _db(self._begin)(ctx, tool, arguments, session, meta)
+        except _Unauthorized as refused:
+            raise MCPError(types.INVALID_REQUEST, refused.message) from None
         while True:
-            if op.state in (State.PLANNED, State.SAFE_TO_RETRY):
-                try:
-                    op = await _db(self._submit)(tool, op)
-                except ApprovalRequired:
-                    waited = await self._await_approval(tool, op)
-                    if isinstance(waited, types.CallToolResult):
-                        return waited
-                    op = waited
-                    continue
-                except ApprovalDenied as exc:
-                    return tool_error(
-                        f"Denied: a reviewer denied operation {op.operation} "
-                        f"({op.operation_id}): {exc.reason}. It is not sent; do not retry.")
-                except StaleVersion:
-                    # Another call of the same key moved it first: answer from its state.
-                    op = await _db(Operation.objects.get)(pk=op.pk)
-                    return await self._settled(tool, op)
-                except LedgerError as exc:
-                    return tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+            if step == _ANSWER:
+                return op
+            if step == _SEND:
                 return await self._send(tool, op, arguments)
-            return await self._settled(tool, op)
+            if step == _SETTLED:
+                return await self._settled(tool, op)
+            # _APPROVAL: a person must approve before it is sent.
+            waited = await self._await_approval(tool, op)
+            if isinstance(waited, types.CallToolResult):
+                return waited
+            step, op = await _db(self._try_submit)(tool, waited)
+
+    def _begin(self, ctx, tool: cfg.Tool, arguments: dict[str, Any], session: str | None,
+               meta: dict[str, Any]):
+        """(what to do next, the operation or the answer). Runs on the database thread."""
+        try:
+            key, tenant = self._key_and_tenant(ctx)
+        except LedgerError as exc:
+            raise _Unauthorized(f"Refused by the ledger ({type(exc).__name__}): {exc}"
+                                ) from None
+        try:
+            check_json(arguments, what="arguments")
+            explicit = self._explicit_key(tool, arguments, meta)
+            if explicit is not None:
+                op = self._record(key, tenant, tool, arguments, session, explicit)
+            else:
+                found = self._default_key(key, tenant, tool, arguments)
+                if isinstance(found, types.CallToolResult):
+                    return _ANSWER, found
+                op = self._record(key, tenant, tool, arguments, session, found[0],
+                                  default=found[1])
+        except LedgerError as exc:
+            return _ANSWER, tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+        return self._try_submit(tool, op)
+
+    def _try_submit(self, tool: cfg.Tool, op: Operation):
+        if op.state not in (State.PLANNED, State.SAFE_TO_RETRY):
+            return _SETTLED, op
+        try:
+            return _SEND, self._submit(tool, op)
+        except ApprovalRequired:
+            return _APPROVAL, op
+        except ApprovalDenied as exc:
+            return _ANSWER, tool_error(
+                f"Denied: a reviewer denied operation {op.operation} ({op.operation_id}): "
+                f"{exc.reason}. It is not sent; do not retry.")
+        except StaleVersion:
+            # Another call of the same key moved it first: answer from its state.
+            return _SETTLED, Operation.objects.get(pk=op.pk)
+        except LedgerError as exc:
+            return _ANSWER, tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
 
     def _record(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments,
-                session: str | None, idempotency_key: str) -> Operation:
-        stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
-        # The MCP session, named so the desk can show it: on stdio the gateway's own id of
-        # its one client; over HTTP a digest of the Mcp-Session-Id (the id itself lets its
-        # holder speak in that session, so it is not stored).
-        intent = {"tool": tool.name, "arguments": stored,
-                  "mcp": {"gateway": self.config.name, "connection": _label(session)}}
+                session: str | None, idempotency_key: str,
+                default: dict[str, Any] | None = None) -> Operation:
+        intent = self._intent(key, tool, arguments, session, default)
         op = receipts.record_intent(
             tool.operation, tool.target, intent, tenant=tenant,
-            idempotency_key=idempotency_key, fingerprint_fields=["tool", "arguments"],
-            redact=[f"arguments.{p}" for p in tool.redact], retry_policy=tool.retry_policy,
-            actor=key.name,
+            idempotency_key=idempotency_key, fingerprint_fields=_fields(default),
+            redact=_redact_paths(tool), retry_policy=tool.retry_policy, actor=key.name,
         )
         op._gateway_actor = key.name
         return op
+
+    def _intent(self, key: AgentKey, tool: cfg.Tool, arguments, session: str | None,
+                default: dict[str, Any] | None) -> dict[str, Any]:
+        """What is recorded: the tool, its arguments (or only `keep`), and where the call
+        came from. The MCP session is named so the desk can show it: on stdio the gateway's
+        own id of its one client; over HTTP a digest of the Mcp-Session-Id (the id itself
+        lets its holder speak in that session, so it is not stored). The caller (the agent
+        key), the digests of the resources the call changes and, under the default key, a
+        keyed digest of the whole call: the default key's look-ups."""
+        stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
+        mcp = {"gateway": self.config.name, "connection": _label(session),
+               "caller": key.name}
+        resources = self._resources(tool, arguments)
+        if resources:
+            mcp["resources"] = resources
+        if default is not None:
+            mcp["call"] = default["call"]
+        return {"tool": tool.name, "arguments": stored, "mcp": mcp}
+
+    def _resources(self, tool: cfg.Tool, arguments) -> list[str]:
+        """A keyed digest per resource the call names (`resource` arguments): calls of any
+        tool of this gateway on the same path share one."""
+        out = []
+        for name in tool.resource:
+            value = cfg.lookup(arguments, name)
+            if value is not cfg.MISSING:
+                out.append(_keyed({"gateway": self.config.name, "resource": value}))
+        return out
 
     def _tenant(self, key: AgentKey) -> str:
         tenant = self.config.tenant
@@ -394,18 +477,16 @@ class Gateway:
                                    f"found it scoped to {sorted(key.tenants)}")
         return tenant
 
-    def _key(self, tool: cfg.Tool, arguments, session: str | None, meta
-             ) -> tuple[str, _Recent | None]:
-        """(the call's idempotency key, the session's record of it when the key is the
-        default one). Runs on the event loop: the session's recent calls live there."""
-        check_json(arguments, what="arguments")
+    def _explicit_key(self, tool: cfg.Tool, arguments, meta) -> str | None:
+        """The call's key when the client sends one or the tool names its arguments; None
+        for the default key."""
         sent = meta.get(cfg.META_KEY)
         if sent is not None or tool.key_from == cfg.KEY_FROM_META:
             if not isinstance(sent, str) or not sent.strip() or len(sent) > 200:
                 raise InvalidInput(
                     f"expected _meta[{cfg.META_KEY!r}] of tool {tool.name} to be a non-empty "
                     f"string of at most 200 characters, found {sent!r}")
-            return sent, None
+            return sent
         if tool.key_from == cfg.KEY_FROM_ARGUMENTS:
             named = {}
             for name in tool.key_names:
@@ -415,33 +496,61 @@ class Gateway:
                                        f"idempotency key is made of {list(tool.key_names)}), "
                                        "found none")
                 named[name] = value
-            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named}), None
-        if session is None:
-            raise InvalidInput(
-                f"expected an MCP session for the default key of tool {tool.name} (one effect "
-                "per distinct call in a session), found a request outside any session; send "
-                f"_meta[{cfg.META_KEY!r}] or configure key.from = 'arguments'")
-        return self._session_key(tool, arguments, session)
+            return "mcp-args:" + _digest({"tool": tool.name, "arguments": named})
+        return None
 
-    def _session_key(self, tool: cfg.Tool, arguments, session: str
-                     ) -> tuple[str, _Recent]:
-        """The default key: a call of the same arguments as the session's last call of
-        this tool is its retry (the same key) while that call runs or within
-        `retry_window` seconds after it ended; any other call is a new intent (a new key),
-        so write A, write B, write A again sends three times."""
-        digest = _digest({"tool": tool.name, "arguments": arguments})
-        slot = (session, tool.name)
-        recent = self._recent.pop(slot, None)
-        if recent is None or not recent.repeats(digest, tool.retry_window):
-            number = recent.number + 1 if recent is not None else 1
-            key = "mcp-session:" + _digest({"session": session, "tool": tool.name,
-                                             "arguments": arguments, "call": number})
-            recent = _Recent(digest, key, number)
-        self._recent[slot] = recent  # the most recent last
-        while len(self._recent) > MAX_RECENT:
-            self._recent.pop(next(iter(self._recent)))
-        recent.started()
-        return recent.key, recent
+    def _default_key(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments):
+        """(the idempotency key, what the intent records for it) or the answer to send
+        back (repeat = "ask").
+
+        The default key is a guess, kept in the ledger (so it survives a restart of the
+        gateway or of the client): a call with the same arguments as this caller's earlier
+        call of the tool is that call's retry (the same key) while the earlier one is not
+        settled, or within `retry_window` seconds after it settled, and only if no other
+        call of the tool by this caller, nor any call on the same resource, came between.
+        Any other call is a new intent (a new key), so write A, write B, write A sends
+        three times; with repeat = "ask" a same-arguments call that is not a retry is
+        refused until the client sends a key of its own.
+
+        A new key is derived from the call and the last earlier one (none: 0), not drawn
+        at random: two identical calls that find the ledger in the same state (at once, in
+        two gateway processes) make the same key, and the ledger records one intent."""
+        call = _keyed({"gateway": self.config.name, "caller": key.name, "tool": tool.name,
+                       "arguments": arguments})
+        default = {"call": call}
+        intent = self._intent(key, tool, arguments, None, default)
+        fp = fingerprint(redact(intent, _redact_paths(tool)), _fields(default))
+        earlier = _earlier(tenant, tool.operation, fp)
+        if earlier is None:
+            return _new_key(call, 0), default
+        settled = earlier.state in (State.SUCCEEDED, State.REJECTED, State.ABANDONED)
+        age = (timezone.now() - earlier.state_changed_at).total_seconds()
+        recent = not settled or age <= tool.retry_window
+        between = None
+        if recent:
+            same = Q(operation=tool.operation, intent__mcp__caller=key.name)
+            for resource in intent["mcp"].get("resources", ()):
+                same |= Q(intent__mcp__resources__contains=[resource])
+            between = (Operation.objects.filter(tenant=tenant, id__gt=earlier.id,
+                                                intent__mcp__gateway=self.config.name)
+                       .filter(same).order_by("id").only("operation_id", "operation")
+                       .first())
+            if between is None:
+                return earlier.idempotency_key, default
+        if tool.repeat == cfg.REPEAT_ASK:
+            why = (f"call {between.operation} ({between.operation_id}) came between"
+                   if between is not None else
+                   f"it settled {age:.0f} s ago, past the retry window of "
+                   f"{tool.retry_window:g} s")
+            answer = tool_error(
+                f"Needs a key: this call has the same arguments as call {earlier.operation} "
+                f"({earlier.operation_id}, {earlier.state}), but {why}, so it cannot be told "
+                f"apart from a retry. Nothing was sent. To make it again on purpose, send "
+                f"_meta[{cfg.META_KEY!r}] with a key of your own (the tool {tool.name} is "
+                "configured repeat = \"ask\").")
+            answer.meta = {META_NEEDS_KEY: True, META_OPERATION: earlier.operation_id}
+            return answer
+        return _new_key(call, earlier.id), default
 
     def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
         in_flight = timedelta(seconds=tool.in_flight) if tool.in_flight else None
@@ -490,9 +599,13 @@ class Gateway:
         arrives after the call was settled (the sweep and a reconciler, or a person, moved
         it first) answers from the settled record, never with a protocol error."""
         try:
-            return await self._forward_call(tool, op, arguments)
+            answer = await self._forward_call(tool, op, arguments)
         except _MovedOn as moved:
-            return _late(moved.current, moved.reply)
+            answer = _late(moved.current, moved.reply)
+        if answer.is_error or _size(answer) <= self.config.max_forward_bytes:
+            return answer
+        recorded = await _db(Operation.objects.get)(pk=op.pk)  # as its outcome left it
+        return self._within_limit(tool.name, answer, recorded)
 
     async def _forward_call(self, tool: cfg.Tool, op: Operation, arguments
                             ) -> types.CallToolResult:
@@ -568,7 +681,7 @@ class Gateway:
     async def _unknown(self, tool: cfg.Tool, op: Operation, code: str, detail: str
                        ) -> types.CallToolResult:
         await self._finish(op, State.OUTCOME_UNKNOWN, error_code=code, detail=detail)
-        return tool_error(_unknown_text(op, f"{code}: {detail}"))
+        return _unknown_answer(op, f"{code}: {detail}")
 
     async def _finish(self, op: Operation, state: str, *, error_code: str = "",
                       detail: str = "", result: types.CallToolResult | None = None,
@@ -576,7 +689,8 @@ class Gateway:
         """Record the outcome; _MovedOn (with the operation as it stands) when it was
         settled before this reply came (StaleVersion, IllegalTransition)."""
         try:
-            await _db(self._write_outcome)(op, state, error_code, detail, result, external_id)
+            await _db(self._write_outcome, fresh=False)(op, state, error_code, detail,
+                                                        result, external_id)
         except (StaleVersion, IllegalTransition):
             current = await _db(Operation.objects.get)(pk=op.pk)
             raise _MovedOn(current, result if state == State.SUCCEEDED else None,
@@ -646,27 +760,7 @@ class Gateway:
             answer.meta = {META_IN_FLIGHT: True, META_OPERATION: op.operation_id,
                            META_RETRY_AFTER: IN_FLIGHT_RETRY_AFTER}
             return answer
-        return tool_error(_unknown_text(op, op.error_code or op.state))
-
-
-class _Recent:
-    """A session's last call of one tool under the default key."""
-
-    def __init__(self, digest: str, key: str, number: int):
-        self.digest, self.key, self.number = digest, key, number
-        self.running = 0
-        self.ended_at = 0.0
-
-    def repeats(self, digest: str, window: float) -> bool:
-        return digest == self.digest and (
-            self.running > 0 or time.monotonic() - self.ended_at <= window)
-
-    def started(self) -> None:
-        self.running += 1
-
-    def ended(self) -> None:
-        self.running -= 1
-        self.ended_at = time.monotonic()
+        return _unknown_answer(op, op.error_code or op.state)
 
 
 class _MovedOn(Exception):
@@ -727,6 +821,30 @@ def _page(params) -> types.PaginatedRequestParams | None:
     return types.PaginatedRequestParams(cursor=cursor) if cursor else None
 
 
+def _unknown_answer(op: Operation, why: str) -> types.CallToolResult:
+    """The tool error of an outcome not known yet: a sentence for the model and, in
+    `_meta`, the policy a program reads (not safe to replay; settled by reconciliation of
+    operation X, on the desk at URL)."""
+    answer = tool_error(_unknown_text(op, why))
+    answer.meta = {META_OUTCOME: "unknown", META_OPERATION: op.operation_id,
+                   META_POLICY: unknown_policy(op)}
+    return answer
+
+
+def unknown_policy(op: Operation) -> dict[str, Any]:
+    return {
+        "retryable": False,             # calling again does not send it again
+        "effect": "unsafe_to_replay",   # the effect may have happened: no blind resend
+        "outcome": "unknown",
+        "state": op.state,
+        "settled_by": "reconciliation",
+        "operation_id": op.operation_id,
+        "operation": op.operation,
+        "desk_url": notifications.desk_link(f"operations/{op.operation_id}/"),
+        "retry": "call again later with the same arguments to get the settled result",
+    }
+
+
 def _unknown_text(op: Operation, why: str) -> str:
     return (f"The outcome is not known yet ({why}). Do not retry: operation {op.operation} "
             f"({op.operation_id}) is being reconciled by reading the upstream; call again "
@@ -748,6 +866,75 @@ def _label(session: str | None) -> str:
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def _keyed(value: Any) -> str:
+    """A digest keyed with the server's SECRET_KEY: stable across restarts, and no one who
+    reads the database can test a guess of the arguments (or the secret in them) against
+    it."""
+    return salted_hmac("agent-ledger.gateway", canonical_json(value),
+                       algorithm="sha256").hexdigest()[:40]
+
+
+# Every earlier call with the fingerprint, through its index (an ORDER BY id LIMIT 1 would
+# let the planner walk the primary key back through all history). Bound on the server, so
+# PostgreSQL plans it once per connection, not at every call.
+_EARLIER = (f"SELECT id, state, state_changed_at, idempotency_key, operation_id, operation "
+            f"FROM {Operation._meta.db_table} "
+            "WHERE tenant = %s AND operation = %s AND intent_fingerprint = %s")
+
+
+class _Earlier:
+    def __init__(self, row):
+        (self.id, self.state, self.state_changed_at, self.idempotency_key,
+         self.operation_id, self.operation) = row
+
+
+def _earlier(tenant: str, operation: str, fp: str) -> _Earlier | None:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
+    with connection.make_cursor(raw) as cursor:
+        cursor.execute(_EARLIER, [tenant, operation, fp])
+        rows = cursor.fetchall()
+    return _Earlier(max(rows)) if rows else None
+
+
+def _new_key(call: str, after: int) -> str:
+    """The default key of a new intent: the call's keyed digest and the id of the last
+    earlier call it is not a retry of (0: none)."""
+    return f"mcp-default:{_digest([call, after])[:40]}"
+
+
+def _fields(default: dict[str, Any] | None) -> list[str]:
+    """The intent's fingerprint: the tool and its stored arguments, and under the default
+    key the keyed digest of the whole call (so arguments `keep` leaves out tell calls
+    apart too)."""
+    return ["tool", "arguments", "mcp.call"] if default is not None else ["tool", "arguments"]
+
+
+def _redact_paths(tool: cfg.Tool) -> list[str]:
+    return [f"arguments.{p}" for p in tool.redact]
+
+
+def _size(result: types.CallToolResult) -> int:
+    return len(result.model_dump_json(by_alias=True, exclude_none=True))
+
+
+def _hints(tool: types.Tool) -> dict[str, Any]:
+    """The annotations the upstream declares for `tool` (absent ones left out)."""
+    if tool.annotations is None:
+        return {}
+    dumped = tool.annotations.model_dump(by_alias=True, exclude_none=True)
+    return {k: v for k, v in dumped.items() if k in cfg.HINTS}
+
+
+class _Unauthorized(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
 
 
 def _kept(arguments: dict[str, Any], keep: tuple[str, ...]) -> dict[str, Any]:

@@ -414,7 +414,7 @@ def test_with_approval_wait_the_gateway_waits_for_the_decision(make_key, tmp_pat
 
 
 
-def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_path):
+def test_streamable_http_keeps_default_keys_across_mcp_sessions(make_key, tmp_path):
     secret = make_key("http-billing-bot")
     other_tenant = make_key("globex-bot", tenants=["globex"])
     config = write_config(tmp_path)
@@ -476,12 +476,16 @@ def test_streamable_http_scopes_default_keys_to_the_mcp_session(make_key, tmp_pa
                                "globex-bot to be granted tenant 'default', found it scoped "
                                "to ['globex']"), message
         first = anyio.run(session)
-        second = anyio.run(session)  # a new MCP session: a new effect, by design
+        # A new MCP session (a client that reconnected) within the retry window: the same
+        # call is the first one's retry, answered from its receipt and marked so.
+        second = anyio.run(session)
         assert first.structured_content["id"] == "inv-1"
-        assert second.structured_content["id"] == "inv-2"
-        assert len(invoices(tmp_path)) == 2
-        sessions = {op.intent["mcp"]["connection"] for op in Operation.objects.all()}
-        assert len(sessions) == 2 and all(s.startswith("http-") for s in sessions)
+        assert second.structured_content == first.structured_content
+        assert second.meta["agent-ledger/replayed"] is True
+        assert len(invoices(tmp_path)) == 1
+        op = Operation.objects.get()
+        assert op.intent["mcp"]["connection"].startswith("http-")
+        assert op.intent["mcp"]["caller"] == "http-billing-bot"
         assert {e.actor_id for op in Operation.objects.all() for e in op.events.all()} == {
             "http-billing-bot"}
 
@@ -604,6 +608,29 @@ def test_a_configuration_that_does_not_fit_the_upstream_is_refused(make_key, tmp
     fine = write_config(tmp_path, name="c.toml")
     done = run_gateway(fine, secret, "--check")
     assert done.returncode == 0, done.stderr
+    # The table of every upstream tool, and a warning for the tool without a key rule.
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[1:]}
+    assert rows["create_invoice"] == ["create_invoice", "-", "receipted", "config",
+                                      "invoices.create", "default", "(30", "s)", "send"]
+    assert rows["find_invoice"][1:4] == ["-", "pass-through", "config"]
+    assert rows["noop"][1:] == ["-", "pass-through", "not", "listed,", "no", "hints", "-",
+                                "-", "-"]
+    assert "warning: " in done.stderr and "[tools.create_invoice] is consequential " \
+        "(config) without a key rule: the default key takes a call with the same " \
+        "arguments for a retry only within retry_window = 30 s" in done.stderr
+    strict = write_config(tmp_path, name="e.toml")
+    strict.write_text(strict.read_text().replace('name = "billing"',
+                                                 'name = "billing"\nrequire_key_rule = true'))
+    done = run_gateway(strict, secret, "--check")
+    assert done.returncode != 0
+    assert "[gateway] require_key_rule: expected a key rule" in done.stderr
+    assert "found none for ['create_invoice']" in done.stderr
+    keyed = write_config(tmp_path, name="d.toml",
+                         extra='key = { from = "arguments", names = ["reference"] }')
+    keyed.write_text(keyed.read_text().replace('name = "billing"',
+                                               'name = "billing"\nrequire_key_rule = true'))
+    done = run_gateway(keyed, secret, "--check")
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
 
 
 def test_a_gateway_without_a_live_key_does_not_start(make_key, tmp_path):
@@ -618,3 +645,147 @@ def test_a_gateway_without_a_live_key_does_not_start(make_key, tmp_path):
     assert done.returncode != 0
     assert ("expected key default-bot to be granted tenant 'acme', found it scoped to "
             "['default']") in done.stderr
+
+
+# --- the default key across restarts; limits; what --check says --------------------------
+
+
+def test_a_restarted_gateway_does_not_send_the_same_call_again(make_key, tmp_path):
+    """The default key lives in the ledger, not in the gateway process: a call whose reply
+    was lost, retried after a restart of the gateway, is not sent again (unknown, with its
+    policy in `_meta`); a call that succeeded, repeated after a restart within the retry
+    window, is a replay. One effect each."""
+    secret = make_key("billing-bot")
+    lossy = write_config(tmp_path, plan={"tool": "create_invoice", "drop_reply": [1]},
+                         extra="retry_window = 600", name="lossy.toml")
+    config = write_config(tmp_path, extra="retry_window = 600")  # the same upstream
+
+    async def one_call(reference: str, path: Path = config):
+        async with through_gateway(path, secret) as client:  # a new gateway process
+            return await client.call_tool("create_invoice", invoice(reference))
+
+    lost = anyio.run(one_call, "x-1", lossy)
+    op = Operation.objects.get()
+    assert lost.is_error and "not known yet" in lost.content[0].text
+    assert lost.meta["agent-ledger/outcome"] == "unknown"
+    assert lost.meta["agent-ledger/error-policy"] == {
+        "retryable": False, "effect": "unsafe_to_replay", "outcome": "unknown",
+        "state": "outcome_unknown", "settled_by": "reconciliation",
+        "operation_id": op.operation_id, "operation": "invoices.create",
+        "desk_url": f"http://127.0.0.1:8000/operations/{op.operation_id}/",
+        "retry": "call again later with the same arguments to get the settled result"}
+    again = anyio.run(one_call, "x-1")
+    assert again.is_error and "Do not retry" in again.content[0].text
+    assert again.meta["agent-ledger/operation-id"] == op.operation_id
+    assert [i["reference"] for i in invoices(tmp_path)] == ["x-1"]
+
+    done = anyio.run(one_call, "x-2")
+    assert not done.is_error, done.content
+    replay = anyio.run(one_call, "x-2")
+    assert replay.meta["agent-ledger/replayed"] is True
+    assert replay.structured_content == done.structured_content
+    assert [i["reference"] for i in invoices(tmp_path)] == ["x-1", "x-2"]
+    assert Operation.objects.count() == 2
+    connections = {o.intent["mcp"]["connection"] for o in Operation.objects.all()}
+    assert len(connections) == 2  # recorded by two of the four gateway processes
+    for recorded in Operation.objects.all():  # the keyed digest is stored as made
+        assert recorded.intent["mcp"]["caller"] == "billing-bot"
+        assert len(recorded.intent["mcp"]["call"]) == 40
+        assert set(recorded.intent["mcp"]["call"]) <= set("0123456789abcdef")
+
+
+def test_outside_the_retry_window_a_repeat_is_sent_or_asks_for_a_key(make_key, tmp_path):
+    """retry_window = 1: the same call 1.5 s after the first settled is a new intent;
+    with repeat = "ask" it is refused (nothing sent) until the client sends its own key."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, extra="retry_window = 1")
+    asking = write_config(tmp_path, name="ask.toml",
+                          extra='retry_window = 1\nrepeat = "ask"')
+
+    async def calls(path: Path, reference: str):
+        async with through_gateway(path, secret) as client:
+            first = await client.call_tool("create_invoice", invoice(reference))
+            await anyio.sleep(1.5)
+            second = await client.call_tool("create_invoice", invoice(reference))
+            if not second.is_error:
+                return first, second, None
+            meta = {"agent-ledger/idempotency-key": f"{reference}-on-purpose"}
+            return first, second, await client.call_tool("create_invoice",
+                                                         invoice(reference), meta=meta)
+
+    first, second, _ = anyio.run(calls, config, "w-1")
+    assert not first.is_error and not second.is_error
+    assert "agent-ledger/replayed" not in (second.meta or {})
+    assert [i["reference"] for i in invoices(tmp_path)] == ["w-1", "w-1"]
+
+    first, refused, on_purpose = anyio.run(calls, asking, "w-2")
+    ops = list(Operation.objects.filter(intent__arguments__reference="w-2").order_by("id"))
+    assert refused.is_error and refused.content[0].text.startswith(
+        f"Needs a key: this call has the same arguments as call invoices.create "
+        f"({ops[0].operation_id}, succeeded), but it settled "), refused.content[0].text
+    assert "past the retry window of 1 s" in refused.content[0].text
+    assert refused.meta["agent-ledger/needs-key"] is True
+    assert not on_purpose.is_error, on_purpose.content
+    assert [i["reference"] for i in invoices(tmp_path)] == ["w-1", "w-1", "w-2", "w-2"]
+    assert [op.idempotency_key for op in ops][1] == "w-2-on-purpose"
+
+
+def test_a_result_above_the_forwarding_limit_is_refused_not_forwarded(make_key, tmp_path):
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="huge", timeout=60)
+    config.write_text(config.read_text().replace(
+        'name = "billing"', 'name = "billing"\nmax_forward_bytes = 1000000'))
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            return (await client.call_tool("create_invoice", invoice("big-1")),
+                    await client.call_tool("create_invoice", invoice("big-1")))
+
+    refused, again = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "succeeded" and op.external_id == "inv-1"
+    assert refused.is_error
+    text = refused.content[0].text
+    assert text.startswith("Result too large: the upstream's result of create_invoice is "
+                           "4,000,") and "above the 1,000,000 bytes this gateway forwards " \
+        "([gateway] max_forward_bytes); it is not forwarded. The call itself was recorded: " \
+        f"operation invoices.create ({op.operation_id}) succeeded, external id inv-1" in text
+    assert refused.meta["agent-ledger/result-too-large"] > 1_000_000
+    assert again.is_error and "its result was not stored" in again.content[0].text
+    assert len(invoices(tmp_path)) == 1
+
+
+def test_the_same_call_through_two_gateway_processes_at_once_is_sent_once(make_key,
+                                                                         tmp_path):
+    """Two gateway processes of one key (two MCP clients of one agent) make the same call
+    at once under the default key: the ledger holds one intent; one call sends it, the
+    other is told it is in flight; each, asked again after, gets the replay."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, behaviour="slow", timeout=60)
+
+    async def main():
+        answers = []
+
+        async def one(client):
+            answers.append(await client.call_tool("create_invoice", invoice("c-1")))
+
+        async with through_gateway(config, secret) as a, through_gateway(config,
+                                                                         secret) as b:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, a)
+                tg.start_soon(one, b)
+            again = [await a.call_tool("create_invoice", invoice("c-1")),
+                     await b.call_tool("create_invoice", invoice("c-1"))]
+        return answers, again
+
+    answers, again = anyio.run(main)
+    op = Operation.objects.get()
+    assert op.state == "succeeded" and len(invoices(tmp_path)) == 1
+    sent = [a for a in answers if not a.is_error]
+    in_flight = [a for a in answers if a.is_error]
+    assert len(sent) == 1 and len(in_flight) == 1, answers
+    assert in_flight[0].meta["agent-ledger/in-flight"] is True
+    assert in_flight[0].meta["agent-ledger/operation-id"] == op.operation_id
+    for replay in again:
+        assert replay.meta["agent-ledger/replayed"] is True
+        assert replay.structured_content == sent[0].structured_content

@@ -50,8 +50,12 @@ def test_a_good_configuration_reads_with_its_defaults():
     (('mode = "consequential"', 'mode = "sometimes"'),
      "[tools.create_invoice] mode: expected 'pass-through' or 'consequential', found "
      "'sometimes'"),
-    (('operation = "invoices.create"\n', ""),
-     "[tools.create_invoice] operation: expected a string, found nothing (it is required)"),
+    (('operation = "invoices.create"', 'operation = "invoices create"'),
+     "[tools.create_invoice] operation: expected an operation name like 'invoices.create'"),
+    (('external_id = "id"', 'external_id = "id"\nrepeat = "never"'),
+     "[tools.create_invoice] repeat: expected 'send' or 'ask', found 'never'"),
+    (('external_id = "id"', 'external_id = "id"\nresource = ["a b"]'),
+     "[tools.create_invoice] resource: expected a list of argument names or dotted paths"),
     (('external_id = "id"', 'external_id = "id"\nkey = { from = "arguments" }'),
      "[tools.create_invoice.key] names: expected the argument names the key is made of"),
     (('external_id = "id"', 'external_id = "id"\ntimeout = -1'),
@@ -87,7 +91,11 @@ def test_each_mistake_names_its_table_key_expected_and_found(change, message):
 def test_a_pass_through_tool_takes_no_settings():
     with pytest.raises(cfg.ConfigError, match=r"\[tools.x\] operation: expected nothing but "
                        "mode for a pass-through tool"):
-        parse('[upstream]\nurl = "http://h/mcp"\n[tools.x]\noperation = "a.b"\n')
+        parse('[upstream]\nurl = "http://h/mcp"\n[tools.x]\nmode = "pass-through"\n'
+              'operation = "a.b"\n')
+    # Settings without a mode: consequential, as the settings say.
+    tool = parse('[upstream]\nurl = "http://h/mcp"\n[tools.x]\ntimeout = 5\n').tools["x"]
+    assert tool.is_consequential and tool.operation == "upstream.x"
 
 
 def test_a_file_that_is_not_toml_or_not_there_is_refused(tmp_path):
@@ -149,3 +157,70 @@ error_code = "error.code"
                                     'external_id = "id"\non_error = "unknown"', 1))
     assert cfg.classify_error(everything.tools["create_invoice"], "anything", None) \
         == "unknown"
+
+
+FILESYSTEM_HINTS = {  # as @modelcontextprotocol/server-filesystem 2026.8.31 declares them
+    "read_file": {"readOnlyHint": True},
+    "write_file": {"readOnlyHint": False, "idempotentHint": True, "destructiveHint": True},
+    "edit_file": {"readOnlyHint": False, "idempotentHint": False, "destructiveHint": True},
+    "create_directory": {"readOnlyHint": False, "idempotentHint": True,
+                         "destructiveHint": False},
+    "list_allowed_directories": {},
+}
+
+
+def test_annotations_decide_what_the_configuration_does_not_say():
+    """readOnlyHint passes through; destructiveHint (or readOnlyHint false) is receipted
+    under the default key; idempotentHint false makes a same-arguments repeat ask for a
+    key; what the configuration says wins; no hints: pass-through."""
+    config = cfg.resolve(parse("""
+[gateway]
+name = "files"
+[upstream]
+command = ["node", "server.js"]
+[tools.read_file]
+mode = "consequential"
+operation = "files.read"
+key = { from = "meta" }
+[tools.write_file]
+mode = "pass-through"
+"""), FILESYSTEM_HINTS)
+    tools = config.tools
+    assert (tools["read_file"].mode, tools["read_file"].mode_source) == (
+        "consequential", "config")
+    assert (tools["write_file"].mode, tools["write_file"].mode_source) == (
+        "pass-through", "config")
+    edit = tools["edit_file"]
+    assert (edit.mode, edit.mode_source, edit.operation, edit.repeat, edit.key_from) == (
+        "consequential", "destructiveHint", "files.edit_file", "ask", "session")
+    directory = tools["create_directory"]
+    assert (directory.mode, directory.mode_source, directory.repeat) == (
+        "consequential", "readOnlyHint=false", "send")
+    assert tools["list_allowed_directories"].mode == "pass-through"
+    assert tools["list_allowed_directories"].mode_source == "not listed, no hints"
+
+    table = cfg.table(config, FILESYSTEM_HINTS).splitlines()
+    assert table[0].split() == ["tool", "hints", "mode", "because", "operation", "key",
+                                "repeat"]
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert rows["edit_file"] == ["edit_file", "readOnly=no,destructive=yes,idempotent=no",
+                                 "receipted", "destructiveHint", "files.edit_file",
+                                 "default", "(30", "s)", "ask"]
+    assert rows["write_file"][2:4] == ["pass-through", "config"]
+    assert rows["list_allowed_directories"][1:3] == ["-", "pass-through"]
+
+    warned = cfg.warnings(config)
+    assert [line.split("[tools.")[1].split("]")[0] for line in warned] == [
+        "edit_file", "create_directory"]
+    assert "refused until the client sends its own key" in warned[0]
+    assert "sent as a new call" in warned[1]
+
+
+def test_a_configured_repeat_rule_wins_over_the_hint():
+    config = cfg.resolve(parse(GOOD.replace('external_id = "id"',
+                                            'external_id = "id"\nrepeat = "send"')),
+                         {"create_invoice": {"idempotentHint": False}, "find_invoice": {}})
+    assert config.tools["create_invoice"].repeat == "send"
+    config = cfg.resolve(parse(GOOD), {"create_invoice": {"idempotentHint": False},
+                                       "find_invoice": {}})
+    assert config.tools["create_invoice"].repeat == "ask"

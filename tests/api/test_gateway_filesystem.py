@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 from ledger.models import Operation
 from tests.api.test_gateway import (
     PROXY,
+    gateway_env,
     gateway_over_http,
     over_http,
     reconcile_once,
@@ -202,3 +204,74 @@ def test_write_a_then_b_then_a_sends_three_times(make_key, tmp_path, filesystem_
     assert repeat.content[0].text.startswith(
         f"Not sent again: this repeats call files.write ({ops[2].operation_id}) sent at ")
     assert Path(mode).read_text() == "mode=A"
+
+
+def test_annotations_resources_and_repeat_ask_with_the_filesystem_server(
+        make_key, tmp_path, filesystem_server):
+    """The server's own annotations decide what the configuration leaves open (--check
+    prints the table); a call on the same path by another tool comes between two
+    same-arguments calls, so the second is a new intent: write_file (idempotentHint true)
+    sends it, edit_file (idempotentHint false: repeat = "ask") asks for a key instead."""
+    secret = make_key("files-bot")
+    files = (tmp_path / "files").resolve()
+    files.mkdir()
+    config = tmp_path / "files.toml"
+    config.write_text(f"""
+[gateway]
+name = "files"
+
+[upstream]
+command = {json.dumps([*filesystem_server, str(files)])}
+
+[tools.write_file]
+resource = ["path"]
+external_id_template = "{{path}}"
+
+[tools.edit_file]
+resource = ["path"]
+""")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "mcp_gateway", "--config", str(config), "--check"],
+        cwd=ROOT, env=gateway_env(secret), capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[1:]}
+    assert rows["read_file"][1:4] == ["readOnly=yes", "pass-through", "readOnlyHint"]
+    assert rows["write_file"][2:5] == ["receipted", "settings", "files.write_file"]
+    assert rows["write_file"][-1] == "send"
+    assert rows["edit_file"][2:5] == ["receipted", "settings", "files.edit_file"]
+    assert rows["edit_file"][-1] == "ask"
+    assert rows["move_file"][2:5] == ["receipted", "destructiveHint", "files.move_file"]
+    assert rows["create_directory"][2:4] == ["receipted", "readOnlyHint=false"]
+    assert len(rows) >= 12  # every upstream tool has its line
+    assert "[tools.edit_file] is consequential (settings) without a key rule" in done.stderr
+
+    path = str(files / "mode.txt")
+    edit = {"path": path, "edits": [{"oldText": "x=1", "newText": "x=2"}]}
+
+    async def session():
+        async with through_gateway(config, secret) as client:
+            answers = [
+                await client.call_tool("write_file", {"path": path, "content": "x=1"}),
+                await client.call_tool("edit_file", edit),
+                # write_file again: edit_file on the same path came between: sent.
+                await client.call_tool("write_file", {"path": path, "content": "x=1"}),
+            ]
+            assert Path(path).read_text() == "x=1"
+            # edit_file again: write_file on its path came between; repeat = "ask".
+            answers.append(await client.call_tool("edit_file", edit))
+            assert Path(path).read_text() == "x=1"
+            answers.append(await client.call_tool(
+                "edit_file", edit, meta={"agent-ledger/idempotency-key": "edit-again"}))
+            return answers
+
+    answers = anyio.run(session)
+    assert [a.is_error for a in answers] == [False, False, False, True, False], answers
+    assert answers[3].content[0].text.startswith("Needs a key: this call has the same "
+                                                 "arguments as call files.edit_file (")
+    assert "call files.write_file (" in answers[3].content[0].text
+    assert Path(path).read_text() == "x=2"
+    ops = list(Operation.objects.order_by("id"))
+    assert [op.operation for op in ops] == ["files.write_file", "files.edit_file",
+                                            "files.write_file", "files.edit_file"]
+    assert all(op.state == "succeeded" for op in ops)

@@ -6,6 +6,7 @@ import anyio
 from django.core.management.base import BaseCommand, CommandError
 
 from api.gateway import ConfigError, Gateway, Principal, UpstreamUnreachable, load_config
+from api.gateway import config as cfg
 from ledger.errors import LedgerError
 
 ENV_KEY = "LEDGER_AGENT_KEY"
@@ -22,7 +23,9 @@ class Command(BaseCommand):
                             help="serve Streamable HTTP at http://HOST:PORT/mcp instead of "
                                  "stdio")
         parser.add_argument("--check", action="store_true",
-                            help="connect to the upstream, check the configuration, exit")
+                            help="connect to the upstream, check the configuration, print "
+                                 "what each upstream tool becomes (receipted or "
+                                 "pass-through, and why), exit")
 
     def handle(self, *args, config, http, check, **options):
         try:
@@ -48,6 +51,7 @@ class Command(BaseCommand):
         try:
             if check:
                 anyio.run(self._check, gateway)
+                self.stdout.write(cfg.table(gateway.config, gateway.annotations))
                 self.stderr.write(f"mcp_gateway: {config} is usable with upstream "
                                   f"{gateway_config.upstream.describe()}")
             elif http:
@@ -63,11 +67,17 @@ class Command(BaseCommand):
 
     async def _check(self, gateway):
         async with gateway.connected():
-            pass
+            self._warn(gateway)
 
     async def _serve_stdio(self, gateway):
         async with gateway.connected():
+            self._warn(gateway)
             await gateway.serve_stdio()
+
+    def _warn(self, gateway):
+        """Said at start, on stderr (stdout may be the protocol's channel)."""
+        for line in gateway.warnings:
+            self.stderr.write(f"mcp_gateway: {line}")
 
     def _serve_http(self, gateway, address):
         import uvicorn
