@@ -402,8 +402,16 @@ class Gateway:
                     return _ANSWER, found
                 op = self._record(key, tenant, tool, arguments, session, found[0],
                                   default=found[1])
+        except ApprovalRequired as exc:
+            op = exc.recorded_operation
+            op._gateway_actor = key.name
+            return _APPROVAL, op
+        except ApprovalDenied as exc:
+            return _ANSWER, _denied(exc.recorded_operation, exc)
         except LedgerError as exc:
             return _ANSWER, tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+        if op.submitted_now:
+            return _SEND, op
         return self._try_submit(tool, op)
 
     def _try_submit(self, tool: cfg.Tool, op: Operation):
@@ -414,9 +422,7 @@ class Gateway:
         except ApprovalRequired:
             return _APPROVAL, op
         except ApprovalDenied as exc:
-            return _ANSWER, tool_error(
-                f"Denied: a reviewer denied operation {op.operation} ({op.operation_id}): "
-                f"{exc.reason}. It is not sent; do not retry.")
+            return _ANSWER, _denied(op, exc)
         except StaleVersion:
             # Another call of the same key moved it first: answer from its state.
             return _SETTLED, Operation.objects.get(pk=op.pk)
@@ -426,11 +432,15 @@ class Gateway:
     def _record(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments,
                 session: str | None, idempotency_key: str,
                 default: dict[str, Any] | None = None) -> Operation:
+        """The receipt of the call, recorded and, when new (or planned, or safe to retry),
+        marked submitted in the same commit (`record_intent(submit=True)`): `submitted_now`
+        says this call is to send it."""
         intent = self._intent(key, tool, arguments, session, default)
         op = receipts.record_intent(
             tool.operation, tool.target, intent, tenant=tenant,
             idempotency_key=idempotency_key, fingerprint_fields=_fields(default),
             redact=_redact_paths(tool), retry_policy=tool.retry_policy, actor=key.name,
+            submit=True, in_flight_for=_in_flight(tool),
         )
         op._gateway_actor = key.name
         return op
@@ -553,9 +563,8 @@ class Gateway:
         return _new_key(call, earlier.id), default
 
     def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
-        in_flight = timedelta(seconds=tool.in_flight) if tool.in_flight else None
         actor = getattr(op, "_gateway_actor", None)
-        sent = receipts.mark_submitted(op, actor=actor, in_flight_for=in_flight)
+        sent = receipts.mark_submitted(op, actor=actor, in_flight_for=_in_flight(tool))
         sent._gateway_actor = actor
         return sent
 
@@ -954,3 +963,14 @@ def _kept(arguments: dict[str, Any], keep: tuple[str, ...]) -> dict[str, Any]:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, default=str)
+
+
+def _in_flight(tool: cfg.Tool) -> timedelta | None:
+    """How long a submission of `tool` is in flight before the sweep may call it unknown."""
+    return timedelta(seconds=tool.in_flight) if tool.in_flight else None
+
+
+def _denied(op: Operation, exc: ApprovalDenied) -> types.CallToolResult:
+    return tool_error(
+        f"Denied: a reviewer denied operation {op.operation} ({op.operation_id}): "
+        f"{exc.reason}. It is not sent; do not retry.")
