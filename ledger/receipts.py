@@ -21,13 +21,25 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import access, approvals, conf, facts, rows, runs, states, tracing, transitions
+from ledger import (
+    access,
+    approvals,
+    conf,
+    facts,
+    rows,
+    runs,
+    states,
+    tracing,
+    transitions,
+    validation,
+)
 from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.canonical import keep as keep_fields
 from ledger.errors import (
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidInput,
+    ValidationRefused,
 )
 from ledger.inputs import (
     PG_BIGINT_MAX,
@@ -106,8 +118,17 @@ def record_intent(
     keep: Iterable[str] | None = None,
     trace: tuple[str, str] | None = None,
     relies_on: Iterable[Fact] = (),
+    account: str = "",
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
+
+    `account`: which account at the provider the call acts as (a Stripe account id, a
+    mailbox, the provider's tenant), beside `target`: a non-secret label (credentials in
+    it are masked like the target's), stored and under the chain, never changed after.
+    Reconcilers read as it, and a positive control is an effect of the same target and
+    account. It is part of the key's identity, not of the fingerprint (the fingerprint is
+    the intent's, matched against what a service lists): the same key with another account
+    is another action, IdempotencyKeyReused.
 
     `trace`: the (trace id, span id) the operation belongs to, stored on a new operation
     for the desk's trace link; by default those of the current OpenTelemetry span, if any
@@ -144,6 +165,7 @@ def record_intent(
     check_operation_name(operation)
     target = check_string(target, "target", 2000)
     target = scrub_text(target and check_identifier(target, "target", 2000))
+    account = check_account(account)
     check_identifier(tenant, "tenant", 100)
     check_choice(retry_policy, "retry_policy", RetryPolicy.values)
     check_optional_identifier(actor, "actor", 200)
@@ -187,6 +209,7 @@ def record_intent(
                 tenant=tenant,
                 operation=operation,
                 target=target,
+                account=account,
                 intent=stored_intent,
                 intent_fingerprint=intent_fingerprint,
                 idempotency_key=idempotency_key,
@@ -203,6 +226,14 @@ def record_intent(
                 candidate.recorded_now = True
                 return candidate
             existing = _existing(tenant, operation, idempotency_key)
+        if existing.account != account:
+            raise IdempotencyKeyReused(
+                f"expected idempotency key {idempotency_key!r} of {operation} to come with "
+                f"account {existing.account!r}, found {account!r}; the key already names "
+                f"operation {existing.operation_id} ({existing.state}), acting as another "
+                "account",
+                existing=existing,
+            )
         if existing.intent_fingerprint != intent_fingerprint:
             raise IdempotencyKeyReused(
                 f"expected idempotency key {idempotency_key!r} of {operation} to come with "
@@ -212,6 +243,15 @@ def record_intent(
                 existing=existing,
             )
         return existing
+
+
+def check_account(account: Any) -> str:
+    """The provider account label `account` as stored: "" for none; credentials in it
+    masked (`scrub_text`); InvalidInput when it is not a short identifier."""
+    if account is None:
+        return ""
+    account = check_string(account, "account", 200)
+    return scrub_text(account and check_identifier(account, "account", 200))
 
 
 def _relied_on(relies_on: Any, tenant: str) -> list[int]:
@@ -338,11 +378,18 @@ def mark_submitted(
     attempt so far, this one included: once the retry has succeeded and that time has
     passed, the reconciler reads the external system again (`reconcile.reread_due`) and
     flags the operation `duplicate` if an earlier attempt's request landed after all.
+
+    The operation kind's validators (`ledger.validation`: rules and functions) run first:
+    a refusal moves the operation to abandoned with error code validation_refused and the
+    reason, and raises ValidationRefused; nothing is submitted, so nothing may be sent.
     """
     _check_mark(op, fencing_token, expected_version, actor)
     stale = _first_stale(list(op.relies_on or ()))
     if stale is not None:
         facts.require_current(stale)  # StaleFact naming the current version; nothing written
+    if op.state in states.SENDABLE and validation.has_checks():
+        _refuse_if_invalid(op, fencing_token=fencing_token, expected_version=expected_version,
+                           actor=actor)
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
@@ -360,6 +407,26 @@ def mark_submitted(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
         expected_version=expected_version, actor=actor,
     )
+
+
+def _refuse_if_invalid(op: Operation, *, fencing_token: int | None,
+                       expected_version: int | None, actor: str | None) -> None:
+    """Record the validators' refusal of `op` (abandoned, before anything is sent) and raise
+    ValidationRefused; return when none refuses it."""
+    why = validation.refusal(op)
+    if not why:
+        return
+    why = scrub_text(storable_text(why, "the validator's reason", 2000))
+    refused = transitions.by_agent(
+        op, State.ABANDONED, fencing_token=fencing_token, actor=actor,
+        reason=f"refused before sending by the validator: {why}",
+        changes={"error_code": validation.REFUSED_CODE, "error_detail": why},
+        expected_version=expected_version,
+    )
+    raise ValidationRefused(
+        f"expected operation {op.operation_id} ({op.operation}) to pass the checks of its "
+        f"kind before it is sent, found: {why}; it is recorded abandoned and nothing was "
+        "sent", reason=why, operation=refused)
 
 
 NO_RESULT: Any = object()  # mark_succeeded's result= left out: the result columns untouched

@@ -128,13 +128,15 @@ class ListAndMatch(reconcile.Reconciler):
         return _kit.optional_key(self.idempotency_key, item)
 
     def _attributed_elsewhere(self, op: Operation, matches: list[Any]) -> set[str]:
-        """Ids of matches another operation of the same name already owns: not this one's."""
+        """Ids of matches another operation of the same name and provider account already
+        owns: not this one's. Ids are the account's: another account's item of the same
+        id is another item."""
         if not (self.exclude_attributed and matches):
             return set()
         ids = [self._id(m) for m in matches]
         return set(
             Operation.objects.filter(tenant=op.tenant, operation=op.operation,
-                                     external_id__in=ids)
+                                     account=op.account, external_id__in=ids)
             .exclude(pk=op.pk).values_list("external_id", flat=True)
         )
 

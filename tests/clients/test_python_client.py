@@ -172,6 +172,20 @@ def test_tenant_and_target_may_be_functions_of_the_call(server, admin):
     assert send.count == 2
 
 
+def test_the_provider_account_is_a_value_or_a_function_of_the_call(ledger):
+    send = Calls(result={"id": "re_1"})
+    refund = ledger.action("payments.refund", target="https://api.stripe.example/v1/refunds",
+                           account=lambda shop, charge: f"acct_{shop}",
+                           key=lambda shop, charge: charge)(send)
+    refund("acme", "ch_1")
+    assert refund.receipt("acme", "ch_1").account == "acct_acme"
+    recorded = ledger.record("mail.send", target="smtp://mail.example", intent={"to": "a"},
+                             idempotency_key="mail-1", account="ops@example.com")
+    assert recorded.account == "ops@example.com"
+    assert [(op.operation, op.account) for op in ops()] == [
+        ("payments.refund", "acct_acme"), ("mail.send", "ops@example.com")]
+
+
 def test_keep_sends_only_the_kept_fields(ledger):
     send = Calls(result=None)
 
