@@ -69,6 +69,8 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_operationnote": {DESK: "INSERT"},
     "ledger_notificationchannelchange": {DESK: "INSERT"},
     "ledger_deliveryattempt": {RECONCILER: "INSERT"},
+    # coverage readings (manage.py coverage, run as the reconciler): append-only
+    "ledger_coveragereading": {RECONCILER: "INSERT"},
     # written only by ledger_retention_purge / ledger_retention_redact
     "ledger_chainanchor": {},
     "ledger_redaction": {},

@@ -160,6 +160,20 @@ class NotYet(Verdict):
 # --- reconcilers and their registry ------------------------------------------------------
 
 
+class Effects:
+    """What a reconciler's listing of a target showed (`Reconciler.list_effects`), for
+    `ledger.coverage`: `items`, each a dict with the effect's `external_id` and, when the
+    service shows them, its `idempotency_key` and `at` (when it happened, ISO 8601), plus
+    what else was observed (`item`); `complete`: False when the listing hit its bound, so
+    more effects may exist than it shows; `query`: what was asked."""
+
+    def __init__(self, items: list[dict[str, Any]], *, complete: bool = True,
+                 query: dict[str, Any] | None = None):
+        self.items = items
+        self.complete = complete
+        self.query = {} if query is None else query
+
+
 class Reconciler:
     """Base class: subclass, implement `lookup` (and `search`), and `register` it.
 
@@ -210,6 +224,13 @@ class Reconciler:
         service that records the key without enforcing it).
         """
         return self.search(op)
+
+    def list_effects(self, scope: Operation, since: datetime,
+                     until: datetime) -> Effects | None:
+        """The effects at `scope`'s target, read as its account, in [since, until]
+        (`ledger.coverage`); None when this reconciler cannot list a target's effects.
+        `scope` is an unsaved Operation carrying only tenant, operation, target, account."""
+        return None
 
     def read_control(self, control: Operation, method: str) -> Verdict | None:
         """Read the positive control `control` as `method` ("lookup" or "search") has just

@@ -14,6 +14,7 @@ SERVER_DEPENDENT = {
     "tests/ledger/test_app_role_attacks.py", "tests/api/test_web_roles.py",
     "tests/ledger/test_trust_who.py", "tests/ledger/test_trust_leases_approvals.py",
     "tests/ledger/test_chain_trust.py", "tests/ledger/test_provider_account.py",
+    "tests/ledger/test_coverage.py",
 }
 
 

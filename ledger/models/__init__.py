@@ -18,6 +18,7 @@ from ledger.models.coordination import (
     TenantAccessChange,
     WorkerLock,
 )
+from ledger.models.coverage import CoverageReading
 from ledger.models.desk import Claim, OperationNote, SavedView
 from ledger.models.execution import (
     ConflictState,
@@ -60,6 +61,7 @@ __all__ = [
     "Claim",
     "DeliveryAttempt",
     "ConflictState",
+    "CoverageReading",
     "Episode",
     "Evidence",
     "Fact",
