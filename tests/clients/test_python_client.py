@@ -642,6 +642,29 @@ def test_a_client_action_is_a_span_whose_trace_the_operation_stores(ledger, monk
     assert "hunter2" not in text and "4242" not in text and "sk-live" not in text
 
 
+def test_resume_is_a_span_with_the_run_its_token_and_the_fact_versions(ledger, monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ledger import facts, runs
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer", provider.get_tracer)
+    run = runs.start("ship", run_id="run-t")
+    facts.assert_fact("order:7", "status", {"secret": "shh"}, source="test", run=run)
+
+    view = ledger.resume("run-t", worker="w1", ttl_seconds=60)
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool run_resume"]
+    attributes = dict(span.attributes)
+    assert (attributes["ledger.run_id"], attributes["ledger.fencing_token"],
+            attributes["ledger.facts.read"]) == ("run-t", view.token, ("order:7 status@1",))
+    assert "shh" not in repr(attributes)
+
+
 # --- replays and calls in flight -------------------------------------------------------------
 
 

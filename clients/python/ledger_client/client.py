@@ -527,12 +527,18 @@ class Ledger:
         `.open_operations` (each with its `next_moves`, `approval` and `relied_on`),
         `.pending_obligations`, `.facts`. LeaseHeld while another worker holds it.
         `tenant` (default: the client's): the run's, run ids being unique per tenant."""
-        return Receipt(self._sync.send(self._resume(run_id, worker, ttl_seconds, tenant)))
+        with tracing.state_span("run_resume") as span:
+            view = Receipt(self._sync.send(self._resume(run_id, worker, ttl_seconds, tenant)))
+            span.set(_resume_attributes(run_id, worker, view))
+            return view
 
     async def aresume(self, run_id: str, *, worker: str, ttl_seconds: float | None = None,
                       tenant: str | None = None) -> Receipt:
-        return Receipt(await self._async.send(
-            self._resume(run_id, worker, ttl_seconds, tenant)))
+        with tracing.state_span("run_resume") as span:
+            view = Receipt(await self._async.send(
+                self._resume(run_id, worker, ttl_seconds, tenant)))
+            span.set(_resume_attributes(run_id, worker, view))
+            return view
 
     def _resume(self, run_id: str, worker: str, ttl_seconds: float | None,
                 tenant: str | None) -> Request:
@@ -861,3 +867,12 @@ def _failure_record(exc: BaseException) -> tuple[str, str]:
     except Exception:  # noqa: BLE001 - a strange exception still gets recorded
         detail = f"<{code} whose message cannot be read>"
     return code, detail[:4000]
+
+
+def _resume_attributes(run_id: str, worker: str, view: Receipt) -> dict[str, Any]:
+    data = view.data
+    return {"ledger.run_id": run_id, "ledger.worker": worker,
+            "ledger.fencing_token": data.get("token"),
+            "ledger.facts.read": tracing.fact_versions(data.get("facts")),
+            "ledger.open_operations": len(data.get("open_operations") or ()),
+            "ledger.pending_obligations": len(data.get("pending_obligations") or ())}
