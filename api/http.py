@@ -290,6 +290,7 @@ class OperationFilters(Schema):
     tenant: Name(100) | None = None
     cursor: Name(40) | None = None
     idempotency_key: Name(200) | None = None
+    account: Name(200) | None = None
     limit: int = Field(default=50, ge=1, le=service.MAX_PAGE)
 
 

@@ -128,6 +128,9 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         target: Annotated[str, Field(description="Where it goes, e.g. a URL.")],
         intent: Annotated[dict[str, Any], Field(description="The request you will send; "
                                                 "secret-named keys are redacted.")],
+        account: Annotated[str | None, Field(
+            default=None, description="Which account at the provider the call acts as "
+            "(e.g. a Stripe account id or a mailbox): a label, never a credential.")] = None,
         idempotency_key: Annotated[str | None, Field(
             default=None, description="Stable for this action; omit it with a run and step "
             "to get the key derived from them, or without a step to get a fresh one.")] = None,
@@ -154,7 +157,7 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         data, created = await _call(
             ctx, service.record_intent, operation=operation, target=target, intent=intent,
             idempotency_key=idempotency_key, tenant=tenant, run=run, step=step, call=call,
-            retry_policy=retry_policy, keep=keep, relies_on=relies_on,
+            retry_policy=retry_policy, keep=keep, relies_on=relies_on, account=account,
         )
         return {"created": created, "operation": data}
 

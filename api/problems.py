@@ -28,6 +28,7 @@ KINDS: list[tuple[type[Exception], int, str, str]] = [
     (errors.DependencyNotMet, 409, "dependency-not-met", "Dependency not met"),
     (errors.ApprovalRequired, 409, "approval-required", "Approval required"),
     (errors.ApprovalDenied, 409, "approval-denied", "Approval denied"),
+    (errors.ValidationRefused, 409, "validation-refused", "Refused by the validator"),
     (errors.SecondPersonRequired, 409, "second-person-required", "Second person required"),
     (errors.LedgerError, 409, "refused", "Refused by the ledger"),
 ]
@@ -71,8 +72,10 @@ def from_ledger_error(exc: errors.LedgerError) -> dict[str, Any]:
         extra["missing"] = list(exc.missing)
     elif isinstance(exc, errors.ApprovalRequired):
         extra["approvals_needed"], extra["approvals_live"] = exc.needed, exc.have
-    elif isinstance(exc, errors.ApprovalDenied):
+    elif isinstance(exc, errors.ApprovalDenied | errors.ValidationRefused):
         extra["reason"] = exc.reason
+        if isinstance(exc, errors.ValidationRefused) and exc.operation is not None:
+            extra["operation"] = shapes.operation(exc.operation)
     elif isinstance(exc, errors.InFlight):
         extra["retry_after"] = retry_after(exc)
     recorded = getattr(exc, "operation_recorded", None)

@@ -105,6 +105,9 @@ class RecordIntentIn(Schema):
     operation: Annotated[str, Field(
         min_length=1, max_length=200, description="What the call does, e.g. articles.create.")]
     target: Name(2000, "Where it goes, e.g. a URL (credentials are redacted).")
+    account: Name(200, "Which account at the provider the call acts as (a Stripe account, "
+                  "a mailbox, the provider's tenant): a non-secret label; reconcilers read "
+                  "as it.") | None = None
     intent: dict[str, Any] = Field(description="The request you are about to send.")
     idempotency_key: Name(200) | None = None
     tenant: Name(100, "Default: the key's only tenant.") | None = None

@@ -27,7 +27,12 @@ from ledger import (
     shapes,
     states,
 )
-from ledger.errors import InFlight, InvalidInput, LedgerError, PermissionDenied
+from ledger.errors import (
+    InFlight,
+    InvalidInput,
+    LedgerError,
+    PermissionDenied,
+)
 from ledger.inputs import check_identifier, check_optional_identifier
 from ledger.models import AgentKey, Obligation, Operation, Run
 from ledger.states import RetryPolicy
@@ -127,6 +132,7 @@ def record_intent(
     in_flight_seconds: float | None = None,
     trace: tuple[str, str] | None = None,
     relies_on: list[dict[str, Any]] | None = None,
+    account: str | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
     operation, whatever its state (do not send again). `relies_on`: fact versions named by
@@ -158,7 +164,7 @@ def record_intent(
             operation, target, intent, tenant=tenant, run=run_obj, step=step,
             idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
             redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
-            trace=trace,
+            trace=trace, account=account or "",
             relies_on=[fact_version(tenant, ref) for ref in relies_on or ()],
             **submission,
         )
@@ -281,6 +287,7 @@ def list_operations(
     cursor: str | None = None,
     limit: int = 50,
     idempotency_key: str | None = None,
+    account: str | None = None,
 ) -> dict[str, Any]:
     """Newest first, keyset-paged on the operation id: `next_cursor` is the id to pass as
     `cursor` for the next page (None on the last). One query per page. `idempotency_key`
@@ -288,12 +295,14 @@ def list_operations(
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidInput(f"expected limit between 1 and {MAX_PAGE}, found {limit!r}")
     for name, value in (("state", state), ("operation", operation), ("tenant", tenant),
-                        ("cursor", cursor), ("idempotency_key", idempotency_key)):
+                        ("cursor", cursor), ("idempotency_key", idempotency_key),
+                        ("account", account)):
         check_optional_identifier(value, name, 200)
     if tenant is not None:  # a tenant the key is not granted is refused, not an empty page
         tenant = tenant_for(key, tenant)
     page = selectors.operations_page(key, state=state, operation=operation, tenant=tenant,
-                                     idempotency_key=idempotency_key, cursor=cursor or "",
+                                     idempotency_key=idempotency_key, account=account,
+                                     cursor=cursor or "",
                                      per_page=limit)
     return shapes.operation_page(page.items, page.next_cursor)
 

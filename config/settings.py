@@ -4,6 +4,7 @@ Development by default. `DJANGO_ENV=production` switches to production settings,
 take every secret from the environment and refuse to start without them.
 """
 
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -336,6 +337,11 @@ if os.environ.get("LEDGER_STALE_SUBMISSION_SECONDS"):
     LEDGER_STALE_SUBMISSION_SECONDS = int(os.environ["LEDGER_STALE_SUBMISSION_SECONDS"])
 if os.environ.get("LEDGER_IN_FLIGHT_SECONDS"):
     LEDGER_IN_FLIGHT_SECONDS = int(os.environ["LEDGER_IN_FLIGHT_SECONDS"])
+# The checks before sending per operation kind (ledger/validation.py), as JSON, so that the
+# server, its API and the MCP gateway share one rule list:
+# {"payments.*": {"required": ["amount"], "ranges": {"amount": {"min": 1, "max": 50000}}}}
+if os.environ.get("LEDGER_OPERATION_RULES"):
+    LEDGER_OPERATION_RULES = json.loads(os.environ["LEDGER_OPERATION_RULES"])
 # The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;
 # a comma-separated list to name your own.
 LEDGER_RECONCILER_MODULES = [

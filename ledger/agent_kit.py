@@ -130,6 +130,7 @@ def action(
     keep: Iterable[str] | None = None,
     relies_on: Callable[..., Iterable[Any]] | Iterable[Any] = (),
     submit: bool = True,
+    account: str | Callable[..., str] = "",
 ):
     """Make a function's external side effect happen at most once per idempotency key.
 
@@ -150,7 +151,8 @@ def action(
     only those are stored and fingerprinted (`record_intent(keep=)`); the rest of the
     arguments never reach the database.
 
-    `target` and `tenant`: a value, or a function of the call's arguments (like `key`),
+    `account`: the provider account the call acts as (`record_intent(account=)`).
+    `target`, `account` and `tenant`: a value, or a function of the call's arguments (like `key`),
     whose result is checked as the value would be. The wrapper's `.receipt(*args,
     **kwargs)` returns that call's Operation, or None if it was never recorded; it never
     records or sends anything.
@@ -169,6 +171,8 @@ def action(
         check_identifier(target, "target", 2000)
     if not callable(tenant):
         check_identifier(tenant, "tenant", 100)
+    if not callable(account):
+        receipts.check_account(account)
     check_choice(retry_policy, "retry_policy", RetryPolicy.values)
     if key is not None and not callable(key):
         raise InvalidInput(f"expected key= to be a function or None, found {type(key).__name__}")
@@ -208,7 +212,7 @@ def action(
                 run=scope.run if scope else None, step=scope.step_id if scope else None,
                 idempotency_key=idem, call=call, fingerprint_fields=fields,
                 redact=redact_paths, retry_policy=retry_policy, keep=kept, relies_on=relied,
-                **submission,
+                account=_per_call(account, args, kwargs), **submission,
             )
             op._ledger_fencing_token = token
             return op

@@ -35,10 +35,12 @@ the deciding user of a person's event (`decided_by`) and the seal of the `Eviden
 reconciler wrote with it (`evidence_seal`: the row's digest, so the row itself cannot be
 rewritten unseen; retention's redaction of its payloads is accounted for); format 3 also
 the operation's identity and content as of the event (`content`: target, the digests of its
-intent and result, fingerprint, key, retry policy); format 4 (`CURRENT_FORMAT`, every event
-written since migration 0043) every other column of the operation in `content` too
+intent and result, fingerprint, key, retry policy); format 4 (every event
+written from migration 0043) every other column of the operation in `content` too
 (`ledger.chain_content.FORMAT_4_COLUMNS`: name, tenant, run, step, relies_on, attempt,
-its times, error code and detail, conflict, trace and span ids, ...). PostgreSQL sets an
+its times, error code and detail, conflict, trace and span ids, ...); format 5
+(`CURRENT_FORMAT`, from migration 0052) also the provider account the call acts as
+(`FORMAT_5_COLUMNS`). PostgreSQL sets an
 event's format and computes its content from the row the event's own statement wrote
 (trigger `event_chain_columns`), whatever the writer sent. Old events keep verifying the
 way they were written; a link of an older format after a newer one is a break.
@@ -973,7 +975,9 @@ _HELD = {
                 "o.intent_fingerprint AND twin.state = 'succeeded' AND twin.id <> o.id) "
                 "THEN e.content->>'conflict' ELSE o.conflict END",
 }
-_HELD_CONTENT = (f"CASE WHEN e.chain_format >= 4 THEN "
+_HELD_CONTENT = (f"CASE WHEN e.chain_format >= 5 THEN "
+                 f"{content_sql('o', chain_format=5, held=_HELD)} "
+                 f"WHEN e.chain_format >= 4 THEN "
                  f"{content_sql('o', chain_format=4, held=_HELD)} "
                  f"ELSE {content_sql('o', chain_format=3, held=_HELD)} END")
 

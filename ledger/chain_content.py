@@ -15,7 +15,7 @@ Here, not in `ledger.chain`, because the models' trigger is built from it and
 from __future__ import annotations
 
 # The format every operation event is written in now (ledger.chain's docstring lists them).
-CURRENT_FORMAT = 4
+CURRENT_FORMAT = 5
 
 # Format 4's content beyond format 3's: (key, operation column, how it is held). "text":
 # the value itself; "digest": the sha256 of its text (long or structured values);
@@ -44,6 +44,8 @@ FORMAT_4_COLUMNS = (
     ("reread_due_at", "reread_due_at", "time"),
     ("result_unstorable", "result_unstorable", "text"),
 )
+# Format 5's content beyond format 4's: the provider account the call acts as.
+FORMAT_5_COLUMNS = (("account", "account", "text"),)
 # The keys whose value is a digest (a break prints them as such).
 DIGESTS = frozenset({"intent", "result"} | {key for key, _, how in FORMAT_4_COLUMNS
                                             if how == "digest"})
@@ -64,8 +66,9 @@ def content_sql(row: str, *, chain_format: int = CURRENT_FORMAT,
     """The SQL of what a link of `chain_format` (3 or later) covers of the operation `row`
     (a table alias with the operation's columns), as a jsonb object: format 3 its target,
     key, retry policy, fingerprint and the digests of its intent and result; format 4 also
-    every column of `FORMAT_4_COLUMNS`. `held`: another SQL expression for some keys (for
-    verification: what retention's redaction or the duplicate mark leave)."""
+    every column of `FORMAT_4_COLUMNS`; format 5 also those of `FORMAT_5_COLUMNS`.
+    `held`: another SQL expression for some keys (for verification: what retention's
+    redaction or the duplicate mark leave)."""
     held = held or {}
     pairs = [("target", f"{row}.target"), ("intent", digest_sql(f"{row}.intent")),
              ("fingerprint", f"{row}.intent_fingerprint"), ("key", f"{row}.idempotency_key"),
@@ -74,6 +77,8 @@ def content_sql(row: str, *, chain_format: int = CURRENT_FORMAT,
         how_sql = {"text": lambda c: f"{row}.{c}", "digest": lambda c: digest_sql(f"{row}.{c}"),
                    "time": lambda c: time_sql(f"{row}.{c}")}
         pairs += [(key, how_sql[how](column)) for key, column, how in FORMAT_4_COLUMNS]
+        if chain_format >= 5:
+            pairs += [(key, how_sql[how](column)) for key, column, how in FORMAT_5_COLUMNS]
     # jsonb_build_object takes at most 100 arguments: two objects joined stay below that.
     parts = [pairs[i:i + 40] for i in range(0, len(pairs), 40)]
     return " || ".join(

@@ -66,6 +66,14 @@ SETTINGS: dict[str, Setting] = {
         "reconciler's grace_period). Left out: automatic retry as the retry policy allows, "
         "and the reconciler's own numbers.",
     ),
+    "OPERATION_RULES": Setting(
+        {}, "mapping of operation patterns to rule lists",
+        "Per operation name (or pattern, `payments.*`), what a sendable intent looks like, "
+        "checked before it is submitted (ledger.validation): 'required' (dotted intent "
+        "paths), 'ranges' ({path: {'min': n, 'max': n}}), 'one_of' ({path: [values]}), "
+        "'targets' and 'accounts' (fnmatch patterns). A refusal is recorded (abandoned, "
+        "error code validation_refused, the reason) and nothing is sent.",
+    ),
     "STALE_SUBMISSION_SECONDS": Setting(
         600, "positive integer",
         "Age after which a `submitted` operation whose run holds no live lease is swept to "
@@ -215,6 +223,11 @@ def _problem(name: str, setting: Setting, value: Any) -> str | None:
             for k, v in value.items()
         ):
             return None
+    elif setting.kind == "mapping of operation patterns to rule lists":
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and k.strip() and _rule_list(v) for k, v in value.items()
+        ):
+            return None
     elif setting.kind == "mapping of names to secrets":
         if isinstance(value, dict) and all(
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
@@ -239,6 +252,17 @@ def _unknown_outcome_policy(value: Any) -> bool:
             and set(value) <= {"automatic_retry", "attempts", "window_seconds"}
             and isinstance(value.get("automatic_retry", True), bool)
             and all(positive(value[k]) for k in ("attempts", "window_seconds") if k in value))
+
+
+def _rule_list(value: Any) -> bool:
+    from ledger.errors import InvalidInput
+    from ledger.validation import check_rules
+
+    try:
+        check_rules(value)
+    except InvalidInput:
+        return False
+    return True
 
 
 def _formats(template: str) -> bool:

@@ -72,6 +72,8 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_operationnote": {DESK: "INSERT"},
     "ledger_notificationchannelchange": {DESK: "INSERT"},
     "ledger_deliveryattempt": {RECONCILER: "INSERT"},
+    # coverage readings (manage.py coverage, run as the reconciler): append-only
+    "ledger_coveragereading": {RECONCILER: "INSERT"},
     # written only by ledger_retention_purge / ledger_retention_redact
     "ledger_chainanchor": {},
     "ledger_redaction": {},
@@ -184,6 +186,7 @@ TENANT_ROWS: dict[str, str] = {
     "ledger_operationevent": _OWN,
     "ledger_evidence": _OF_OPERATION,
     "ledger_operationsearch": _OWN,
+    "ledger_coveragereading": _OWN,
     # (a fact's links to other facts, superseded_by and contradicts, are not checked here:
     # each would check the fact it links to, and that fact's links, in turn)
     "ledger_fact": f"{_OWN} AND {_of('run', 'run_id', optional=True)}",

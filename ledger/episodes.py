@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from ledger import leases, runs
+from ledger import leases, runs, tracing
 from ledger.canonical import scrub_text
 from ledger.errors import InvalidInput
 from ledger.inputs import (
@@ -24,6 +24,7 @@ from ledger.models import Episode, Run
 MAX_CONTENT_CHARS = 1_000_000
 
 
+@tracing.state_tool("episodes_record", tracing.episode_attributes)
 def record(
     run: Run | str, role: str, *, content_ref: str = "", content: str | None = None,
     fencing_token: int | None = None,

@@ -148,6 +148,18 @@ class ApprovalRequired(LedgerError):
         self.have = have
 
 
+class ValidationRefused(LedgerError):
+    """The operation kind's validator refused the intent before it was sent
+    (`ledger.validation`): the operation is recorded abandoned with the reason
+    (`.reason`, `.operation`), and nothing was sent. Sending it as it is would be refused
+    again."""
+
+    def __init__(self, message: str, *, reason: str = "", operation=None):
+        super().__init__(message)
+        self.reason = reason
+        self.operation = operation
+
+
 class ApprovalDenied(LedgerError):
     """A person denied the operation's approval: it is abandoned and must not be sent.
     `.reason` is theirs."""

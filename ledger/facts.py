@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from ledger import access, conf, leases, runs
+from ledger import access, conf, leases, runs, tracing
 from ledger.canonical import fingerprint, redact, scrub_text
 from ledger.errors import InvalidInput, StaleFact, StaleVersion
 from ledger.inputs import (
@@ -49,6 +49,7 @@ from ledger.selectors import facts as fact_reads
 REVIEWER_SOURCE_PREFIX = REVIEWER_SOURCE
 
 
+@tracing.state_tool("state_assert_fact", tracing.assert_fact_attributes)
 def assert_fact(
     subject: str,
     predicate: str,
@@ -205,6 +206,7 @@ def _keep_as_candidate(current: Fact, new: Fact) -> Fact:
 # --- reads (answered by ledger.selectors.facts) -----------------------------------------
 
 
+@tracing.state_tool("state_read_facts", tracing.read_facts_attributes)
 def read_facts(subject: str, *, tenant: str = "default") -> list[Fact]:
     """The current version of every predicate of `subject`, by predicate. Never candidates
     or superseded versions."""

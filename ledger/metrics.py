@@ -27,6 +27,8 @@ whole (the test pins the query count of a scrape):
   `ledger_unproven_blind_operations{tenant,operation,target}` (waiting operations whose last
   reading was blind): `ledger.reconcile.check_absence`, over the partial index of blind
   evidence and the waiting states, in one query.
+- `ledger_unexplained_effects{tenant,operation,target}`: the effects no receipt explains,
+  as the latest coverage reading (`ledger.coverage`) of each name and account found them.
 """
 
 from __future__ import annotations
@@ -227,3 +229,22 @@ def blind_verifiers(now: datetime) -> Iterable[Metric]:
             shown_blind.add((tenant, operation, target))
             blind.add_metric([tenant, operation, target], 1)
     yield from (blind, readings, waiting)
+
+
+@register
+def unexplained_effects(now: datetime) -> Iterable[Metric]:
+    family = GaugeMetricFamily(
+        "ledger_unexplained_effects",
+        "Effects at a target that no receipt explains, as the latest coverage reading of each "
+        "operation name and account there found them (manage.py coverage)",
+        labels=["tenant", "operation", "target"])
+    for tenant, operation, target, count in _rows(
+        """SELECT tenant, operation, target, sum(unexplained_count)
+             FROM (SELECT DISTINCT ON (tenant, operation, target, account)
+                          tenant, operation, target, unexplained_count
+                     FROM ledger_coveragereading
+                    ORDER BY tenant, operation, target, account, created_at DESC, id DESC
+                  ) latest
+            GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""):
+        family.add_metric([tenant, operation, target], count)
+    yield family

@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 
-from ledger import leases, runs
+from ledger import leases, runs, tracing
 from ledger.canonical import redact, scrub_text
 from ledger.errors import AlreadyCommitted, IdempotencyKeyReused, IllegalTransition, InvalidInput
 from ledger.inputs import (
@@ -37,6 +37,7 @@ from ledger.models import Obligation, ObligationState, Run
 from ledger.selectors import runs as run_reads
 
 
+@tracing.state_tool("state_open_obligation", tracing.open_obligation_attributes)
 def open(  # the contract's name; it shadows the builtin only inside this module
     run: Run | str,
     kind: str,
@@ -83,6 +84,7 @@ def open(  # the contract's name; it shadows the builtin only inside this module
     return obligation
 
 
+@tracing.state_tool("state_commit", tracing.obligation_attributes)
 def commit(key: str, result: Any, *, fencing_token: int | None = None,
            tenant: str | None = None) -> Obligation:
     """Commit the open obligation `key` with `result`, exactly once.

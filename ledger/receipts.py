@@ -21,7 +21,18 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import access, approvals, conf, facts, rows, runs, states, tracing, transitions
+from ledger import (
+    access,
+    approvals,
+    conf,
+    facts,
+    rows,
+    runs,
+    states,
+    tracing,
+    transitions,
+    validation,
+)
 from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
 from ledger.canonical import keep as keep_fields
 from ledger.errors import (
@@ -30,6 +41,7 @@ from ledger.errors import (
     InvalidInput,
     LedgerError,
     StaleVersion,
+    ValidationRefused,
 )
 from ledger.inputs import (
     PG_BIGINT_MAX,
@@ -111,6 +123,7 @@ def record_intent(
     submit: bool = False,
     fencing_token: int | None = None,
     in_flight_for: timedelta | None = None,
+    account: str = "",
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
 
@@ -123,6 +136,14 @@ def record_intent(
     submission (ApprovalRequired, StaleFencingToken, DependencyNotMet, StaleFact, ...) is
     raised with the intent recorded (planned), the operation on the error's
     `.recorded_operation`.
+
+    `account`: which account at the provider the call acts as (a Stripe account id, a
+    mailbox, the provider's tenant), beside `target`: a non-secret label (credentials in
+    it are masked like the target's), stored and under the chain, never changed after.
+    Reconcilers read as it, and a positive control is an effect of the same target and
+    account. It is part of the key's identity, not of the fingerprint (the fingerprint is
+    the intent's, matched against what a service lists): the same key with another account
+    is another action, IdempotencyKeyReused.
 
     `trace`: the (trace id, span id) the operation belongs to, stored on a new operation
     for the desk's trace link; by default those of the current OpenTelemetry span, if any
@@ -159,6 +180,7 @@ def record_intent(
     check_operation_name(operation)
     target = check_string(target, "target", 2000)
     target = scrub_text(target and check_identifier(target, "target", 2000))
+    account = check_account(account)
     check_identifier(tenant, "tenant", 100)
     check_choice(retry_policy, "retry_policy", RetryPolicy.values)
     check_optional_identifier(actor, "actor", 200)
@@ -208,6 +230,7 @@ def record_intent(
             tenant=tenant,
             operation=operation,
             target=target,
+            account=account,
             intent=stored_intent,
             intent_fingerprint=intent_fingerprint,
             idempotency_key=idempotency_key,
@@ -220,6 +243,14 @@ def record_intent(
         )
 
     def found(existing: Operation | None) -> Operation | None:
+        if existing is not None and existing.account != account:
+            raise IdempotencyKeyReused(
+                f"expected idempotency key {idempotency_key!r} of {operation} to come with "
+                f"account {existing.account!r}, found {account!r}; the key already names "
+                f"operation {existing.operation_id} ({existing.state}), acting as another "
+                "account",
+                existing=existing,
+            )
         if existing is not None and existing.intent_fingerprint != intent_fingerprint:
             raise IdempotencyKeyReused(
                 f"expected idempotency key {idempotency_key!r} of {operation} to come with "
@@ -260,6 +291,11 @@ def record_intent(
         lambda: _existing(tenant, operation, idempotency_key)))
     if op is None:
         candidate = new()
+        if validation.has_checks() and validation.refusal(candidate):
+            # Refused by its kind's checks: the intent alone, then mark_submitted records
+            # the refusal (abandoned, with the reason) and raises ValidationRefused.
+            return _submitted_now(recorded(), actor=actor, fencing_token=fencing_token,
+                                  in_flight_for=in_flight_for)
         changes, reason = _submission(candidate, in_flight_for)
         try:
             if transitions.record_and_submit(candidate, actor=actor or "", reason=reason,
@@ -295,11 +331,23 @@ def _submitted_now(op: Operation, *, actor, fencing_token, in_flight_for) -> Ope
         current.recorded_now = op.recorded_now
         current.submitted_now = False
         return current
+    except ValidationRefused as exc:  # recorded abandoned, with the validator's reason
+        exc.recorded_operation = exc.operation or op
+        raise
     except LedgerError as exc:
         exc.recorded_operation = op
         raise
     submitted.submitted_now = True
     return submitted
+
+
+def check_account(account: Any) -> str:
+    """The provider account label `account` as stored: "" for none; credentials in it
+    masked (`scrub_text`); InvalidInput when it is not a short identifier."""
+    if account is None:
+        return ""
+    account = check_string(account, "account", 200)
+    return scrub_text(account and check_identifier(account, "account", 200))
 
 
 def _relied_on(relies_on: Any, tenant: str) -> list[int]:
@@ -436,11 +484,18 @@ def mark_submitted(
     attempt so far, this one included: once the retry has succeeded and that time has
     passed, the reconciler reads the external system again (`reconcile.reread_due`) and
     flags the operation `duplicate` if an earlier attempt's request landed after all.
+
+    The operation kind's validators (`ledger.validation`: rules and functions) run first:
+    a refusal moves the operation to abandoned with error code validation_refused and the
+    reason, and raises ValidationRefused; nothing is submitted, so nothing may be sent.
     """
     _check_mark(op, fencing_token, expected_version, actor)
     stale = _first_stale(list(op.relies_on or ()))
     if stale is not None:
         facts.require_current(stale)  # StaleFact naming the current version; nothing written
+    if op.state in states.SENDABLE and validation.has_checks():
+        _refuse_if_invalid(op, fencing_token=fencing_token, expected_version=expected_version,
+                           actor=actor)
     changes, reason = _submission(op, in_flight_for)
     return transitions.by_agent(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
@@ -464,6 +519,26 @@ def _submission(op: Operation, in_flight_for: timedelta | None) -> tuple[dict[st
         changes["reread_due_at"] = max(w for w in windows if w is not None)
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
     return changes, reason
+
+
+def _refuse_if_invalid(op: Operation, *, fencing_token: int | None,
+                       expected_version: int | None, actor: str | None) -> None:
+    """Record the validators' refusal of `op` (abandoned, before anything is sent) and raise
+    ValidationRefused; return when none refuses it."""
+    why = validation.refusal(op)
+    if not why:
+        return
+    why = scrub_text(storable_text(why, "the validator's reason", 2000))
+    refused = transitions.by_agent(
+        op, State.ABANDONED, fencing_token=fencing_token, actor=actor,
+        reason=f"refused before sending by the validator: {why}",
+        changes={"error_code": validation.REFUSED_CODE, "error_detail": why},
+        expected_version=expected_version,
+    )
+    raise ValidationRefused(
+        f"expected operation {op.operation_id} ({op.operation}) to pass the checks of its "
+        f"kind before it is sent, found: {why}; it is recorded abandoned and nothing was "
+        "sent", reason=why, operation=refused)
 
 
 NO_RESULT: Any = object()  # mark_succeeded's result= left out: the result columns untouched

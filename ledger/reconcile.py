@@ -16,11 +16,12 @@ the operation:
 
 A "not found" counts only once the reader has shown it can see (`check_absence`): the same
 reconciler, in the same look-up, must find a positive control, an effect the ledger knows
-is there (the latest succeeded operation of the same name on the same target, or the
-reconciler's `canary`). A reader that cannot is blind (evidence `verifier_blind`, naming
-the control): the operation stays outcome_unknown, then manual_review after `max_failures`
-such readings, never safe_to_retry. With no control yet on the target, absence counts only
-when the reconciler declares why its "not found" is trustworthy (`trusted_absence`).
+is there (the latest succeeded operation of the same name on the same target and
+provider account, or the reconciler's `canary`). A reader that cannot is blind (evidence
+`verifier_blind`, naming the control): the operation stays outcome_unknown, then
+manual_review after `max_failures` such readings, never safe_to_retry. With no control
+yet on the target, absence counts only when the reconciler declares why its "not found"
+is trustworthy (`trusted_absence`).
 LEDGER_UNKNOWN_OUTCOME_POLICIES tunes this per operation name (`unknown_outcome_policy`):
 whether a proven absence may become safe_to_retry without a person at all, the readings
 before manual_review, and how long NotYet may last.
@@ -159,6 +160,20 @@ class NotYet(Verdict):
 # --- reconcilers and their registry ------------------------------------------------------
 
 
+class Effects:
+    """What a reconciler's listing of a target showed (`Reconciler.list_effects`), for
+    `ledger.coverage`: `items`, each a dict with the effect's `external_id` and, when the
+    service shows them, its `idempotency_key` and `at` (when it happened, ISO 8601), plus
+    what else was observed (`item`); `complete`: False when the listing hit its bound, so
+    more effects may exist than it shows; `query`: what was asked."""
+
+    def __init__(self, items: list[dict[str, Any]], *, complete: bool = True,
+                 query: dict[str, Any] | None = None):
+        self.items = items
+        self.complete = complete
+        self.query = {} if query is None else query
+
+
 class Reconciler:
     """Base class: subclass, implement `lookup` (and `search`), and `register` it.
 
@@ -209,6 +224,13 @@ class Reconciler:
         service that records the key without enforcing it).
         """
         return self.search(op)
+
+    def list_effects(self, scope: Operation, since: datetime,
+                     until: datetime) -> Effects | None:
+        """The effects at `scope`'s target, read as its account, in [since, until]
+        (`ledger.coverage`); None when this reconciler cannot list a target's effects.
+        `scope` is an unsaved Operation carrying only tenant, operation, target, account."""
+        return None
 
     def read_control(self, control: Operation, method: str) -> Verdict | None:
         """Read the positive control `control` as `method` ("lookup" or "search") has just
@@ -438,7 +460,7 @@ class Control:
     """An effect the ledger knows is at the service, read to show the reader can see.
 
     `kind`: "operation" (the latest succeeded operation of the same name on the same
-    target, with an external id) or "canary" (the reconciler's `canary`; `operation` is
+    target and account, with an external id) or "canary" (the reconciler's `canary`; `operation` is
     then built for the reading, never stored).
     """
 
@@ -466,13 +488,16 @@ class Control:
 
 
 def latest_control(op: Operation) -> Operation | None:
-    """The latest succeeded operation of `op`'s tenant, name and target with an external
-    id, other than `op` (one probe of operation_control_idx); None when there is none yet.
-    A purged one is gone: the one before it takes its place."""
+    """The latest succeeded operation of `op`'s tenant, name, target and provider account
+    with an external id, other than `op` (one probe of operation_control_idx); None when
+    there is none yet. An effect made as another account proves nothing about a reader of
+    this one (a reader with the other account's credentials would find it). A purged one
+    is gone: the one before it takes its place."""
     return (
         Operation.objects.alias(target_hash=MD5("target"))
         .filter(tenant=op.tenant, operation=op.operation, target_hash=MD5(Value(op.target)),
-                target=op.target, state=State.SUCCEEDED, completed_at__isnull=False)
+                target=op.target, account=op.account, state=State.SUCCEEDED,
+                completed_at__isnull=False)
         .exclude(external_id="").exclude(pk=op.pk)
         .order_by("-completed_at", "-id")
         .first()
@@ -499,7 +524,8 @@ def _canary_operation(op: Operation, spec: Any) -> Operation:
                            f"intent and target, found {sorted(unknown)}")
     return Operation(
         operation_id="canary", tenant=op.tenant, operation=op.operation,
-        target=str(spec.get("target") or op.target), intent=dict(spec.get("intent") or {}),
+        target=str(spec.get("target") or op.target), account=op.account,
+        intent=dict(spec.get("intent") or {}),
         intent_fingerprint="", idempotency_key=str(spec.get("idempotency_key") or ""),
         external_id=str(spec.get("external_id") or ""), state=State.SUCCEEDED,
         retry_policy=op.retry_policy, created_at=op.created_at, state_changed_at=op.created_at,

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ledger import leases, shapes, states
+from ledger import leases, shapes, states, tracing
 from ledger.canonical import scrub_text
 from ledger.errors import DependencyNotMet, IllegalTransition, InvalidInput
 from ledger.inputs import (
@@ -288,6 +288,7 @@ class Resume:
         return shapes.hand_off(self)
 
 
+@tracing.state_tool("run_resume", tracing.resume_attributes)
 def resume(run_id: str | Run, *, worker: str, ttl: timedelta = DEFAULT_RESUME_TTL,
            tenant: str | None = None) -> Resume:
     """Take over the run for `worker` and return its hand-off view.

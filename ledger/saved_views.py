@@ -21,7 +21,7 @@ from ledger.models import SavedView
 
 # The queue's filter parameters a view keeps (review.forms.QueueFilterForm's fields);
 # paging is never part of a view.
-FILTER_NAMES = ("q", "state", "operation", "tenant", "age", "order")
+FILTER_NAMES = ("q", "state", "operation", "tenant", "account", "age", "order")
 NAME_MAX_LENGTH = 100
 
 

@@ -48,6 +48,8 @@ class OperationOut(BaseModel):
     tenant: str
     operation: str
     target: str
+    account: str = Field(default="", description="The provider account the call acts as "
+                         "(a non-secret label), or empty.")
     state: str
     version: int
     attempt: int
@@ -81,6 +83,7 @@ def operation(op: Operation) -> dict[str, Any]:
         "tenant": op.tenant,
         "operation": op.operation,
         "target": op.target,
+        "account": op.account,
         "state": op.state,
         "version": op.version,
         "attempt": op.attempt,

@@ -96,6 +96,8 @@ class QueueFilterForm(_PageForm):
     operation = forms.CharField(required=False, max_length=200, label="Operation",
                                 widget=forms.TextInput(attrs={"placeholder": "articles.create"}))
     tenant = forms.CharField(required=False, max_length=100)
+    account = forms.CharField(required=False, max_length=200, label="Account",
+                              widget=forms.TextInput(attrs={"placeholder": "acct_1Nx..."}))
     age = forms.ChoiceField(required=False, choices=AGE_CHOICES)
     order = forms.ChoiceField(
         required=False, choices=[("", "newest stuck first"), ("oldest", "oldest first")]
@@ -107,6 +109,7 @@ class QueueFilterForm(_PageForm):
             state=data.get("state", ""),
             operation=(data.get("operation") or "").strip(),
             tenant=(data.get("tenant") or "").strip(),
+            account=(data.get("account") or "").strip(),
             older_than=AGES.get(data.get("age", "")),
             search=(data.get("q") or "").strip(),
             oldest_first=data.get("order") == "oldest",

@@ -48,6 +48,7 @@ urlpatterns += [
     path("conflicts/<int:conflict_id>/resolve/", views_execution.resolve_conflict,
          name="resolve_conflict"),
     path("obligations/overdue/", views_execution.overdue, name="overdue"),
+    path("coverage/", views_execution.coverage, name="coverage"),
     path("runs/<path:run_id>/", views_execution.run_detail, name="run"),
 ]
 

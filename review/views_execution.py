@@ -13,6 +13,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from ledger import coverage as ledger_coverage
 from ledger import errors, facts, selectors
 from ledger.canonical import scrub_text
 from ledger.models import FactConflict
@@ -56,6 +57,18 @@ def overdue(request):
                                   **form.page_args())
     return _render(request, "review/overdue.html", "results",
                    _list_context(request, form, page))
+
+
+@require_GET
+@permission_required("ledger.view_operation", raise_exception=True)
+@ledger_errors
+def coverage(request):
+    """The latest coverage readings: effects at a target no receipt explains, each with
+    the reading that found them (`manage.py coverage` writes them)."""
+    target = (request.GET.get("target") or "").strip()[:2000]
+    context = {"readings": ledger_coverage.readings(request.user, target=target),
+               "target": target}
+    return _render(request, "review/coverage.html", "results", context)
 
 
 @require_GET

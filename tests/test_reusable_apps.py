@@ -139,6 +139,7 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
                                   "RECONCILER_MODULES": [],
                                   "DESK_URL": "http://127.0.0.1:8000", "WEBHOOK_SECRETS": {},
                                   "AUDIT_SIGNING_KEY": "", "UNKNOWN_OUTCOME_POLICIES": {},
+                                  "OPERATION_RULES": {},
                                   "WEBHOOK_ALLOW_PRIVATE": False,
                                   "NOTIFY_ITEMS_PER_MESSAGE": 20, "NOTIFY_MAX_ATTEMPTS": 8,
                                   "NOTIFY_BACKOFF_SECONDS": 30,

@@ -24,6 +24,7 @@ from ledger.models.coordination import (
     TenantAccessChange,
     WorkerLock,
 )
+from ledger.models.coverage import CoverageReading
 from ledger.models.desk import Claim, OperationNote, SavedView
 from ledger.models.execution import (
     ConflictState,
@@ -67,6 +68,7 @@ __all__ = [
     "Claim",
     "DeliveryAttempt",
     "ConflictState",
+    "CoverageReading",
     "Episode",
     "Evidence",
     "Fact",

@@ -203,6 +203,7 @@ _STEP_COLUMNS = {
     "reread_due_at": "true",
     "conflict": "true",
     "target": "false",
+    "account": "false",
     "retry_policy": "false",
     "run_id": "false",
     "step_id": "false",
@@ -443,6 +444,10 @@ class Operation(models.Model):
     tenant = models.CharField(max_length=100, default="default")
     operation = models.CharField(max_length=200)
     target = models.CharField(max_length=2000, blank=True)
+    # Which account at the provider the call acts as (a Stripe account, a mailbox, a tenant
+    # of the provider): a non-secret label, never a credential. Reconcilers read as it, and
+    # a positive control is an earlier effect of the same target and account.
+    account = models.CharField(max_length=200, blank=True, default="", db_default="")
     intent = models.JSONField(default=dict)
     intent_fingerprint = models.CharField(max_length=80)
     idempotency_key = models.CharField(max_length=200)
@@ -547,10 +552,11 @@ class Operation(models.Model):
             models.Index(fields=["reread_due_at", "id"], name="operation_reread_due_idx",
                          condition=models.Q(state=State.SUCCEEDED, reread_due_at__isnull=False)),
             # A reconciler's positive control: the latest succeeded operation of the same
-            # name on the same target, with an external id (ledger.reconcile.latest_control).
-            # The target is hashed: a 2,000-character target could exceed a btree entry.
+            # name on the same target and account, with an external id
+            # (ledger.reconcile.latest_control). The target is hashed: a 2,000-character
+            # target could exceed a btree entry.
             models.Index(
-                "tenant", "operation", MD5("target"), "completed_at", "id",
+                "tenant", "operation", MD5("target"), "account", "completed_at", "id",
                 name="operation_control_idx",
                 condition=models.Q(state=State.SUCCEEDED) & ~models.Q(external_id=""),
             ),

@@ -16,9 +16,11 @@ from ledger.errors import InvalidInput
 from ledger.models import Operation
 
 # The operation fields a URL template may name; each is percent-encoded, except `target`,
-# which is a URL itself ("{target}/by-key/{idempotency_key}").
+# which is a URL itself ("{target}/by-key/{idempotency_key}"). `account`: the provider
+# account the call acted as, so the reader reads as it ("{target}?account={account}"; a
+# `headers` function gets the operation and its `account` too).
 TEMPLATE_FIELDS = ("idempotency_key", "external_id", "operation_id", "operation", "tenant",
-                   "target")
+                   "target", "account")
 # Engine tuning a kit passes on to its Reconciler class.
 TUNING = ("grace_period", "backoff_initial", "backoff_max", "lease_ttl", "max_failures")
 MAX_BODY_CHARS = 20_000

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ledger import reconcile
@@ -27,6 +27,7 @@ class ListAndMatch(reconcile.Reconciler):
     consistent_as_of: str | Callable[[Any], Any] | None = None
     exclude_attributed = True
     idempotency_key: str | Callable[[Any], Any] | None = "idempotency_key"
+    effect_time: str | Callable[[Any], Any] | None = None
     headers: Mapping[str, str] | Callable[[Operation], Mapping[str, str]] | None = None
     timeout = 5.0
     client: Any = None
@@ -37,25 +38,7 @@ class ListAndMatch(reconcile.Reconciler):
     def search(self, op: Operation):
         wanted = self._wanted(op)
         query: dict[str, Any] = {"method": "search", "match": wanted, "limit": self.limit}
-        if self.listing is not None:
-            query["listing"] = getattr(self.listing, "__qualname__", repr(self.listing))[:200]
-            body = self.listing(op, self.limit)
-        else:
-            since = (op.created_at - self.since_margin).isoformat()
-            url = _kit.fill(self.url, op, limit=self.limit, since=since)
-            query["request"] = f"GET {_kit.shown_url(url)}"
-            status, body = _kit.get(url, headers=self.headers, op=op, timeout=self.timeout,
-                                    client=self.client)
-            if status != 200:
-                raise LookupFailed(f"expected 200 from {query['request']}, found {status}: "
-                                   f"{scrub_text(str(body))[:300]}")
-        try:
-            items = _kit.pluck(body, self.items)
-        except KeyError as exc:
-            raise LookupFailed(f"expected a list of items in the listing ({exc})") from None
-        if not isinstance(items, list):
-            raise LookupFailed(f"expected the listing to be a list of items, "
-                               f"found {type(items).__name__}")
+        body, items = self._listing(op, (op.created_at - self.since_margin).isoformat(), query)
         complete = len(items) < self.limit
         matches = [item for item in items if self._matches(item, wanted)]
         attributed = self._attributed_elsewhere(op, matches)
@@ -90,6 +73,53 @@ class ListAndMatch(reconcile.Reconciler):
         if why:
             return reconcile.NotYet({**observed, "not_yet": why}, query=query)
         return reconcile.ProvenAbsent(observed, query=query, matched_by="fingerprint")
+
+    def list_effects(self, scope: Operation, since, until):
+        """Every listed item in [since, until] (by `effect_time`, when the items show
+        one), read as `scope`'s account: the listing with `{since}` the range's start (a
+        `listing` function sees it as `scope.created_at`)."""
+        query: dict[str, Any] = {"method": "list_effects", "limit": self.limit,
+                                 "since": since.isoformat(), "until": until.isoformat()}
+        _, items = self._listing(scope, since.isoformat(), query)
+        effects = []
+        for item in items:
+            at = None
+            if self.effect_time is not None:
+                try:
+                    raw = _kit.extract(self.effect_time, item)
+                    at = raw if isinstance(raw, datetime) else datetime.fromisoformat(str(raw))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise LookupFailed(f"expected each item to show when it happened at "
+                                       f"effect_time ({exc})") from None
+                if not since <= at <= until:
+                    continue
+            effects.append({"external_id": self._id(item), "idempotency_key": self._key(item),
+                            "at": at.isoformat() if at else None,
+                            "item": _kit.observed_body(item)})
+        return reconcile.Effects(effects, complete=len(items) < self.limit, query=query)
+
+    def _listing(self, op: Operation, since: str, query: dict[str, Any]) -> tuple[Any, list]:
+        """(the answer, its items): `listing(op, limit)` or a GET of `url` with `since`;
+        `query` gains what was asked."""
+        if self.listing is not None:
+            query["listing"] = getattr(self.listing, "__qualname__", repr(self.listing))[:200]
+            body = self.listing(op, self.limit)
+        else:
+            url = _kit.fill(self.url, op, limit=self.limit, since=since)
+            query["request"] = f"GET {_kit.shown_url(url)}"
+            status, body = _kit.get(url, headers=self.headers, op=op, timeout=self.timeout,
+                                    client=self.client)
+            if status != 200:
+                raise LookupFailed(f"expected 200 from {query['request']}, found {status}: "
+                                   f"{scrub_text(str(body))[:300]}")
+        try:
+            items = _kit.pluck(body, self.items)
+        except KeyError as exc:
+            raise LookupFailed(f"expected a list of items in the listing ({exc})") from None
+        if not isinstance(items, list):
+            raise LookupFailed(f"expected the listing to be a list of items, "
+                               f"found {type(items).__name__}")
+        return body, items
 
     def _wanted(self, op: Operation) -> dict[str, Any]:
         wanted = {}
@@ -128,13 +158,15 @@ class ListAndMatch(reconcile.Reconciler):
         return _kit.optional_key(self.idempotency_key, item)
 
     def _attributed_elsewhere(self, op: Operation, matches: list[Any]) -> set[str]:
-        """Ids of matches another operation of the same name already owns: not this one's."""
+        """Ids of matches another operation of the same name and provider account already
+        owns: not this one's. Ids are the account's: another account's item of the same
+        id is another item."""
         if not (self.exclude_attributed and matches):
             return set()
         ids = [self._id(m) for m in matches]
         return set(
             Operation.objects.filter(tenant=op.tenant, operation=op.operation,
-                                     external_id__in=ids)
+                                     account=op.account, external_id__in=ids)
             .exclude(pk=op.pk).values_list("external_id", flat=True)
         )
 
@@ -159,6 +191,7 @@ def list_and_match(
     keys: bool = True,
     trusted_absence: str = "",
     canary: dict[str, Any] | Callable[[Operation], dict[str, Any] | None] | None = None,
+    effect_time: str | Callable[[Any], Any] | None = None,
     **tuning: Any,
 ) -> type[ListAndMatch]:
     """A reconciler that lists at most `limit` recent items and matches them on the intent.
@@ -185,6 +218,10 @@ def list_and_match(
     With no control yet, only if `trusted_absence` says why (rarely true of a listing).
     Registered for `operation` unless it is None (to serve as the `search=` of
     `http_lookup`).
+
+    The same listing serves `ledger.coverage` (`list_effects`: the target's effects no
+    receipt explains); `effect_time` (a path or callable of an item giving when it
+    happened, ISO 8601) keeps only the items in the range asked.
     """
     if (url is None) == (listing is None):
         raise InvalidInput(f"expected exactly one of url= and listing=, found url={url!r}, "
@@ -210,6 +247,8 @@ def list_and_match(
         _kit.check_extractor(idempotency_key, "idempotency_key")
     if consistent_as_of is not None:
         _kit.check_extractor(consistent_as_of, "consistent_as_of")
+    if effect_time is not None:
+        _kit.check_extractor(effect_time, "effect_time")
     shown = _kit.shown_url(str(url)) if url is not None else getattr(listing, "__qualname__", "")
     label = name or f"{operation or 'search'} (list_and_match {shown})"
 
@@ -222,5 +261,6 @@ def list_and_match(
         "consistent_as_of": wrap(consistent_as_of), "exclude_attributed": exclude_attributed,
         "headers": wrap(headers), "timeout": float(timeout), "client": client,
         "idempotency_key": wrap(idempotency_key), "service_has_keys": _kit.check_keys(keys),
+        "effect_time": wrap(effect_time),
         **_kit.control_attrs(trusted_absence, canary),
     }, tuning)

@@ -128,6 +128,7 @@ def operations_page(
     operation: str | None = None,
     tenant: str | None = None,
     idempotency_key: str | None = None,
+    account: str | None = None,
     cursor: str = "",
     per_page: int = 50,
 ) -> Page:
@@ -144,6 +145,8 @@ def operations_page(
         qs = qs.filter(state=state)
     if operation is not None:
         qs = qs.filter(operation=operation)
+    if account is not None:
+        qs = qs.filter(account=account)
     return Page(**key_page(qs, "operation_id", cursor=cursor, per_page=per_page,
                            descending=True))
 
@@ -199,6 +202,8 @@ class QueueFilters:
     state: str = ""
     operation: str = ""
     tenant: str = ""
+    # The provider account the calls acted as (Operation.account).
+    account: str = ""
     older_than: timedelta | None = None
     search: str = ""
     oldest_first: bool = False
@@ -224,6 +229,8 @@ def _filtered(user, filters: QueueFilters, *, now: datetime) -> QuerySet[Operati
         qs = qs.filter(operation=filters.operation)
     if filters.tenant:
         qs = qs.filter(tenant=filters.tenant)
+    if filters.account:
+        qs = qs.filter(account=filters.account)
     if filters.older_than is not None:
         qs = qs.filter(state_changed_at__lte=now - filters.older_than)
     if filters.search:

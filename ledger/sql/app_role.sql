@@ -69,6 +69,7 @@ DECLARE
         'ledger_operationnote', 'INSERT',
         'ledger_notificationchannelchange', 'INSERT',
         'ledger_deliveryattempt', 'INSERT',
+        'ledger_coveragereading', 'INSERT',
         -- written only by ledger_retention_purge / ledger_retention_redact
         'ledger_chainanchor', '',
         'ledger_redaction', '',

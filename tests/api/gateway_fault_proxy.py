@@ -7,6 +7,10 @@ server's, losing messages as FAULT_PLAN (JSON in the environment) says:
 counting the `tools/call` requests of that tool from 1: the 2nd reaches the server (its
 effect is committed) and its reply is dropped on the way back; the 3rd never reaches the
 server. Everything else passes through untouched. Each dropped message is logged to stderr.
+
+A blind reader: `{"blind_tool": "find_invoice", "blind_answer": {...}}` answers every call
+of that tool itself with the JSON-RPC result `blind_answer`, never asking the server, as a
+reader with the wrong credentials or account sees nothing (an empty 200, a "not found").
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ def main() -> int:
     tool = plan.get("tool")
     drop_reply = set(plan.get("drop_reply", ()))
     drop_request = set(plan.get("drop_request", ()))
+    blind_tool, blind_answer = plan.get("blind_tool"), plan.get("blind_answer")
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              bufsize=0)
     lost_replies: set = set()
@@ -45,8 +50,9 @@ def main() -> int:
                 print(f"fault proxy: dropped the reply to request {message['id']}",
                       file=sys.stderr, flush=True)
                 continue
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
+            with lock:  # whole lines: the proxy answers blind calls on the same stream
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
 
     relay = threading.Thread(target=downstream, daemon=True)
     relay.start()
@@ -55,6 +61,15 @@ def main() -> int:
             message = json.loads(line)
         except ValueError:
             message = {}
+        if (blind_tool and isinstance(message, dict) and message.get("method") == "tools/call"
+                and (message.get("params") or {}).get("name") == blind_tool):
+            print(f"fault proxy: answered {blind_tool} blind (request {message.get('id')})",
+                  file=sys.stderr, flush=True)
+            with lock:
+                sys.stdout.buffer.write(json.dumps({"jsonrpc": "2.0", "id": message.get("id"),
+                                                    "result": blind_answer}).encode() + b"\n")
+                sys.stdout.buffer.flush()
+            continue
         if (isinstance(message, dict) and message.get("method") == "tools/call"
                 and (message.get("params") or {}).get("name") == tool):
             calls += 1

@@ -435,3 +435,24 @@ def test_relies_on_binds_the_operation_to_fact_versions_and_a_stale_one_refuses_
     missing = record(agent, idempotency_key="ship-6", relies_on=[
         {"subject": "order:5", "predicate": "status", "version": 9}])
     assert_problem(missing, 404)
+
+
+def test_the_provider_account_is_recorded_returned_and_filtered(make_key, client_for):
+    agent = client_for(make_key("account-bot"))
+    ops = record(agent, account="ops@example.com")
+    assert ops.status_code == 201, ops.text
+    assert ops.json()["account"] == "ops@example.com"
+    assert record(agent, account="ops@example.com").status_code == 200
+    assert_problem(record(agent, account="sales@example.com"), 409,
+                   detail_has="to come with account 'ops@example.com', found "
+                              "'sales@example.com'")
+    sales = record(agent, account="sales@example.com", idempotency_key="invoice-43")
+    assert sales.status_code == 201
+    plain = record(agent, idempotency_key="invoice-44")
+    assert plain.json()["account"] == ""
+
+    listed = agent.get("/api/v1/operations", params={"account": "sales@example.com"})
+    assert [op["operation_id"] for op in listed.json()["items"]] == [
+        sales.json()["operation_id"]]
+    assert_problem(record(agent, account="x" * 201, idempotency_key="invoice-45"), 422)
+    assert Operation.objects.filter(idempotency_key="invoice-45").count() == 0

@@ -230,3 +230,26 @@ def test_record_intent_relying_on_a_fact_is_not_submitted_once_it_is_superseded(
     refused = anyio.run(main)
     assert refused.is_error and "StaleFact" in refused.content[0].text
     assert Operation.objects.get().state == "planned"
+
+
+def test_record_intent_takes_the_provider_account_beside_the_target(make_key):
+    secret = make_key("account-mcp-bot")
+
+    async def main():
+        async with stdio(secret) as client:
+            recorded = await client.call_tool("ledger_record_intent", {
+                "operation": "mail.send", "target": "smtp://mail.example",
+                "account": "ops@example.com", "intent": {"to": "ada@example.com"},
+                "idempotency_key": "account-mcp"})
+            assert not recorded.is_error, recorded.content
+            other = await client.call_tool("ledger_record_intent", {
+                "operation": "mail.send", "target": "smtp://mail.example",
+                "account": "sales@example.com", "intent": {"to": "ada@example.com"},
+                "idempotency_key": "account-mcp"})
+            return recorded.structured_content["operation"], other
+
+    op, other = anyio.run(main)
+    assert op["account"] == "ops@example.com"
+    assert Operation.objects.get().account == "ops@example.com"
+    assert other.is_error
+    assert "to come with account 'ops@example.com'" in other.content[0].text

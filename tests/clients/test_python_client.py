@@ -172,6 +172,20 @@ def test_tenant_and_target_may_be_functions_of_the_call(server, admin):
     assert send.count == 2
 
 
+def test_the_provider_account_is_a_value_or_a_function_of_the_call(ledger):
+    send = Calls(result={"id": "re_1"})
+    refund = ledger.action("payments.refund", target="https://api.stripe.example/v1/refunds",
+                           account=lambda shop, charge: f"acct_{shop}",
+                           key=lambda shop, charge: charge)(send)
+    refund("acme", "ch_1")
+    assert refund.receipt("acme", "ch_1").account == "acct_acme"
+    recorded = ledger.record("mail.send", target="smtp://mail.example", intent={"to": "a"},
+                             idempotency_key="mail-1", account="ops@example.com")
+    assert recorded.account == "ops@example.com"
+    assert [(op.operation, op.account) for op in ops()] == [
+        ("payments.refund", "acct_acme"), ("mail.send", "ops@example.com")]
+
+
 def test_keep_sends_only_the_kept_fields(ledger):
     send = Calls(result=None)
 
@@ -634,6 +648,29 @@ def test_a_client_action_is_a_span_whose_trace_the_operation_stores(ledger, monk
                                          f"{span.context.span_id:016x}")
     text = repr(dict(span.attributes))
     assert "hunter2" not in text and "4242" not in text and "sk-live" not in text
+
+
+def test_resume_is_a_span_with_the_run_its_token_and_the_fact_versions(ledger, monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ledger import facts, runs
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer", provider.get_tracer)
+    run = runs.start("ship", run_id="run-t")
+    facts.assert_fact("order:7", "status", {"secret": "shh"}, source="test", run=run)
+
+    view = ledger.resume("run-t", worker="w1", ttl_seconds=60)
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool run_resume"]
+    attributes = dict(span.attributes)
+    assert (attributes["ledger.run_id"], attributes["ledger.fencing_token"],
+            attributes["ledger.facts.read"]) == ("run-t", view.token, ("order:7 status@1",))
+    assert "shh" not in repr(attributes)
 
 
 # --- replays and calls in flight -------------------------------------------------------------

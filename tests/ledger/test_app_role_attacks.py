@@ -431,7 +431,7 @@ def test_the_agent_role_holds_no_write_beyond_what_the_api_needs(world):
     assert table_rights == set()
     assert not can_create
     assert operation_columns.isdisjoint({
-        "id", "operation_id", "tenant", "operation", "target", "idempotency_key",
+        "id", "operation_id", "tenant", "operation", "target", "account", "idempotency_key",
         "retry_policy", "created_at", "redacted_at", "run_id", "step_id", "intent",
         "intent_fingerprint"})
     assert {"state", "version", "external_id", "conflict"} <= operation_columns

@@ -18,6 +18,7 @@ def test_a_project_that_sets_no_ledger_setting_gets_every_default(settings):
         "MAX_JSON_DEPTH": 64,
         "RECONCILE_MAX_FAILURES": 3,
         "UNKNOWN_OUTCOME_POLICIES": {},
+        "OPERATION_RULES": {},
         "STALE_SUBMISSION_SECONDS": 600,
         "IN_FLIGHT_SECONDS": 60,
         "FACT_MAX_FUTURE_SECONDS": 300,
@@ -79,6 +80,9 @@ def test_an_unknown_setting_name_says_which_exist():
     ("UNKNOWN_OUTCOME_POLICIES", {"payments.*": {"attempts": 0}}),
     ("UNKNOWN_OUTCOME_POLICIES", {"payments.*": {"window": 60}}),
     ("UNKNOWN_OUTCOME_POLICIES", {"": {"attempts": 2}}),
+    ("OPERATION_RULES", {"payments.*": {"required": "amount"}}),
+    ("OPERATION_RULES", {"payments.*": {"ranges": {"amount": {"low": 1}}}}),
+    ("OPERATION_RULES", {"payments.*": ["amount"]}),
 ])
 def test_a_malformed_setting_is_refused_by_the_system_check(settings, name, value):
     setattr(settings, f"LEDGER_{name}", value)

@@ -111,3 +111,61 @@ def test_the_desk_links_an_operation_to_its_trace(client, settings, admin_user):
     client.force_login(admin_user)
     page = client.get(f"/operations/{op.operation_id}/").content.decode()
     assert f'href="http://jaeger:16686/trace/{"ab" * 16}"' in page
+
+
+# --- the execution-state tools -----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_state_tools_are_spans_with_the_fact_versions_they_read_or_wrote(spans):
+    from ledger import episodes, facts, obligations, runs
+
+    run = runs.start("ship the order", run_id="run-42")
+    first = facts.assert_fact("order:42", "status", "paid", source="billing",
+                              run=run)
+    facts.assert_fact("order:42", "status", {"state": "shipped", "token": "sk-live-zzz"},
+                      source="billing", expected_version=first.version, run=run)
+    read = facts.read_facts("order:42")
+    obligations.open(run, "email.send", "confirm-42")
+    obligations.commit("confirm-42", {"sent": True})
+    episodes.record(run, "assistant", content="told the customer")
+    view = runs.resume("run-42", worker="worker-2")
+
+    by_name = {}
+    for span in spans():
+        by_name.setdefault(span.name, []).append(dict(span.attributes))
+    assert [a["ledger.fact.version"] for a in by_name["execute_tool state_assert_fact"]] == [
+        "order:42 status@1", "order:42 status@2"]
+    [reading] = by_name["execute_tool state_read_facts"]
+    assert reading["ledger.facts.read"] == ("order:42 status@2",)
+    assert read[0].version == 2
+    [opened] = by_name["execute_tool state_open_obligation"]
+    [committed] = by_name["execute_tool state_commit"]
+    assert (opened["ledger.obligation.key"], opened["ledger.obligation.state"],
+            opened["ledger.run_id"]) == ("confirm-42", "open", "run-42")
+    assert committed["ledger.obligation.state"] == "committed"
+    [episode] = by_name["execute_tool episodes_record"]
+    assert (episode["ledger.run_id"], episode["ledger.episode.role"]) == ("run-42", "assistant")
+    [resumed] = by_name["execute_tool run_resume"]
+    assert (resumed["ledger.fencing_token"], resumed["ledger.facts.read"]) == (
+        view.token, ("order:42 status@2",))
+    for attributes in (a for group in by_name.values() for a in group):
+        assert attributes["gen_ai.operation.name"] == "execute_tool"
+        assert "shipped" not in repr(attributes) and "sk-live" not in repr(attributes)
+
+
+@pytest.mark.django_db
+def test_a_refused_state_tool_records_the_refusal_on_its_span(spans):
+    from opentelemetry.trace import StatusCode
+
+    from ledger import obligations, runs
+    from ledger.errors import AlreadyCommitted
+
+    run = runs.start("once")
+    obligations.open(run, "report.send", "r-1")
+    obligations.commit("r-1", {"n": 1})
+    with pytest.raises(AlreadyCommitted):
+        obligations.commit("r-1", {"n": 2})
+    refused = [s for s in spans() if s.name == "execute_tool state_commit"][-1]
+    assert refused.status.status_code == StatusCode.ERROR
+    assert refused.events[0].attributes["exception.type"].endswith("AlreadyCommitted")

@@ -281,6 +281,7 @@ def test_a_state_moved_with_its_version_but_no_event_is_found():
 # column rewritten -> (value, the name verify_audit gives what differs)
 RECEIPT_REWRITES = {
     "target": ("https://elsewhere.example/api", "target"),
+    "account": ("acct_forged", "account"),
     "intent": ('{"title": "forged"}', "intent"),
     "intent_fingerprint": ("sha256:forged", "fingerprint"),
     "idempotency_key": ("forged-key", "key"),

@@ -98,6 +98,18 @@ def test_state_operation_and_tenant_filters_narrow_the_queue(client, reviewer):
 
 
 @pytest.mark.django_db
+def test_the_account_is_shown_and_filters_the_queue(client, reviewer):
+    sales = OperationFactory(state=State.OUTCOME_UNKNOWN, account="sales@example.com")
+    ops = OperationFactory(state=State.OUTCOME_UNKNOWN, account="ops@example.com")
+    client.force_login(reviewer)
+    body = client.get(QUEUE, {"account": "sales@example.com"}).content.decode()
+    assert sales.operation_id in body and ops.operation_id not in body
+    assert "as sales@example.com" in body
+    detail = client.get(reverse("review:operation", args=[sales.operation_id])).content.decode()
+    assert "<dt>Account</dt><dd class=\"mono wrap\">sales@example.com</dd>" in detail
+
+
+@pytest.mark.django_db
 def test_age_filter_keeps_only_operations_stuck_longer_than_asked(reviewer):
     op = OperationFactory(state=State.OUTCOME_UNKNOWN)
     three_hours = selectors.QueueFilters(older_than=timedelta(hours=3))

@@ -42,6 +42,7 @@ from ledger_client.errors import (
     Unauthenticated,
     UnexpectedResponse,
     UnstorableResult,
+    ValidationRefused,
 )
 from ledger_client.receipt import Receipt
 from ledger_client.tools import tool_message
@@ -54,5 +55,5 @@ __all__ = [
     "OutcomeNotRecorded", "OutcomeUnknown", "PermissionDenied", "ProblemError", "Receipt",
     "Refused", "Rejected", "SecondPersonRequired", "ServerError", "StaleFact",
     "StaleFencingToken", "StaleVersion", "Unauthenticated", "UnexpectedResponse",
-    "UnstorableResult", "step_key", "tool_message",
+    "UnstorableResult", "ValidationRefused", "step_key", "tool_message",
 ]

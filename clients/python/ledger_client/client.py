@@ -216,6 +216,7 @@ class Ledger:
         in_flight_for: float | timedelta | None = None,
         approval_timeout: float | None = None,
         approval_note: str = "",
+        account: str | Callable[..., str] | None = None,
     ):
         """Make a function's external side effect happen at most once per idempotency key,
         with `receipts.action`'s meaning, over the API.
@@ -234,7 +235,9 @@ class Ledger:
         The key: inside `ledger.step(run_id, step_id)` derived from the run and step (the
         n-th call of one operation in the step is call "n"); otherwise `key(*args,
         **kwargs)`; neither is InvalidInput (a generated key would send again after a
-        crash). `target` and `tenant` are values or functions of the call's arguments.
+        crash). `target`, `account` (the provider account the call acts as: a non-secret
+        label the ledger's reconcilers read as) and `tenant` are values or functions of the
+        call's arguments.
 
         Under an approval policy: ApprovalRequired (the intent recorded, nothing sent), or
         with `approval_timeout` (seconds) the client asks for approval (`approval_note`)
@@ -246,7 +249,7 @@ class Ledger:
             external_id=external_id, tenant=tenant, retry_policy=retry_policy,
             redact=redact, fingerprint_fields=fingerprint_fields, keep=keep,
             in_flight_for=in_flight_for, approval_timeout=approval_timeout,
-            approval_note=approval_note,
+            approval_note=approval_note, account=account,
         )
 
         def decorate(fn):
@@ -435,7 +438,7 @@ class Ledger:
                run: str | None = None, step: str | None = None, call: str | None = None,
                retry_policy: str = "if_absent_proven", redact: Iterable[str] = (),
                fingerprint_fields: Iterable[str] | None = None,
-               keep: Iterable[str] | None = None) -> Receipt:
+               keep: Iterable[str] | None = None, account: str | None = None) -> Receipt:
         """Record an intent without submitting it (`receipts.record_intent` over the API):
         the planned operation, or the existing one of the same key and intent
         (`.replayed` true, its state as it stands: do not send unless it is planned or
@@ -443,7 +446,7 @@ class Ledger:
         let an action of the same key send it. IdempotencyKeyReused for another intent."""
         return Receipt(self._sync.send(self._record_request(
             operation, target, intent, idempotency_key, tenant, run, step, call,
-            retry_policy, redact, fingerprint_fields, keep)))
+            retry_policy, redact, fingerprint_fields, keep, account)))
 
     async def arecord(self, operation: str, *, target: str, intent: dict[str, Any],
                       idempotency_key: str | None = None, tenant: str | None = None,
@@ -451,14 +454,15 @@ class Ledger:
                       call: str | None = None, retry_policy: str = "if_absent_proven",
                       redact: Iterable[str] = (),
                       fingerprint_fields: Iterable[str] | None = None,
-                      keep: Iterable[str] | None = None) -> Receipt:
+                      keep: Iterable[str] | None = None,
+                      account: str | None = None) -> Receipt:
         return Receipt(await self._async.send(self._record_request(
             operation, target, intent, idempotency_key, tenant, run, step, call,
-            retry_policy, redact, fingerprint_fields, keep)))
+            retry_policy, redact, fingerprint_fields, keep, account)))
 
     def _record_request(self, operation, target, intent, idempotency_key, tenant, run,
-                        step, call, retry_policy, redact, fingerprint_fields, keep
-                        ) -> Request:
+                        step, call, retry_policy, redact, fingerprint_fields, keep,
+                        account=None) -> Request:
         if not isinstance(intent, dict):
             raise errors.InvalidInput(f"expected intent to be a dict, found "
                                       f"{type(intent).__name__}")
@@ -474,7 +478,7 @@ class Ledger:
                                 "redact": list(_paths(redact, "redact"))}
         for name, value in (("idempotency_key", idempotency_key),
                             ("tenant", tenant or self.tenant), ("run", run), ("step", step),
-                            ("call", call)):
+                            ("call", call), ("account", account)):
             if value is not None:
                 body[name] = value
         if fingerprint_fields is not None:
@@ -523,12 +527,18 @@ class Ledger:
         `.open_operations` (each with its `next_moves`, `approval` and `relied_on`),
         `.pending_obligations`, `.facts`. LeaseHeld while another worker holds it.
         `tenant` (default: the client's): the run's, run ids being unique per tenant."""
-        return Receipt(self._sync.send(self._resume(run_id, worker, ttl_seconds, tenant)))
+        with tracing.state_span("run_resume") as span:
+            view = Receipt(self._sync.send(self._resume(run_id, worker, ttl_seconds, tenant)))
+            span.set(_resume_attributes(run_id, worker, view))
+            return view
 
     async def aresume(self, run_id: str, *, worker: str, ttl_seconds: float | None = None,
                       tenant: str | None = None) -> Receipt:
-        return Receipt(await self._async.send(
-            self._resume(run_id, worker, ttl_seconds, tenant)))
+        with tracing.state_span("run_resume") as span:
+            view = Receipt(await self._async.send(
+                self._resume(run_id, worker, ttl_seconds, tenant)))
+            span.set(_resume_attributes(run_id, worker, view))
+            return view
 
     def _resume(self, run_id: str, worker: str, ttl_seconds: float | None,
                 tenant: str | None) -> Request:
@@ -586,15 +596,16 @@ class _Spec:
     in_flight_seconds: float | None
     approval_timeout: float | None
     approval_note: str
+    account: Any = None
 
     @classmethod
     def declare(cls, operation, *, target, key, rejections, external_id, tenant,
                 retry_policy, redact, fingerprint_fields, keep, in_flight_for,
-                approval_timeout, approval_note) -> _Spec:
+                approval_timeout, approval_note, account=None) -> _Spec:
         """Checked once, where the action is declared: a malformed one fails at import."""
         if not isinstance(operation, str) or not operation:
             raise errors.InvalidInput(f"expected an operation name, found {operation!r}")
-        for name, value in (("target", target), ("tenant", tenant)):
+        for name, value in (("target", target), ("tenant", tenant), ("account", account)):
             if value is not None and not callable(value) and not isinstance(value, str):
                 raise errors.InvalidInput(f"expected {name}= to be a string or a function of "
                                           f"the call's arguments, found {value!r}")
@@ -626,7 +637,7 @@ class _Spec:
                                 else _paths(fingerprint_fields, "fingerprint_fields")),
             keep=None if keep is None else _paths(keep, "keep"),
             in_flight_seconds=in_flight_for, approval_timeout=approval_timeout,
-            approval_note=approval_note,
+            approval_note=approval_note, account=account,
         )
 
     def _value(self, name: str, value: Any, args, kwargs) -> str | None:
@@ -686,6 +697,9 @@ class _Spec:
         tenant = self._value("tenant", self.tenant, args, kwargs) or ledger.tenant
         if tenant is not None:
             body["tenant"] = tenant
+        account = self._value("account", self.account, args, kwargs)
+        if account:
+            body["account"] = account
         if self.fingerprint_fields is not None:
             body["fingerprint_fields"] = list(self.fingerprint_fields)
         if scope is not None:
@@ -857,3 +871,12 @@ def _failure_record(exc: BaseException) -> tuple[str, str]:
     except Exception:  # noqa: BLE001 - a strange exception still gets recorded
         detail = f"<{code} whose message cannot be read>"
     return code, detail[:4000]
+
+
+def _resume_attributes(run_id: str, worker: str, view: Receipt) -> dict[str, Any]:
+    data = view.data
+    return {"ledger.run_id": run_id, "ledger.worker": worker,
+            "ledger.fencing_token": data.get("token"),
+            "ledger.facts.read": tracing.fact_versions(data.get("facts")),
+            "ledger.open_operations": len(data.get("open_operations") or ()),
+            "ledger.pending_obligations": len(data.get("pending_obligations") or ())}

@@ -226,6 +226,16 @@ class ApprovalDenied(Refused):
         return self.problem.get("reason")
 
 
+class ValidationRefused(Refused):
+    """The operation kind's validator refused the intent before it was sent; `.reason`
+    says why. The operation is recorded abandoned; nothing was sent."""
+    slug = "validation-refused"
+
+    @property
+    def reason(self) -> str | None:
+        return self.problem.get("reason")
+
+
 class InFlight(OutcomeUnknown, Refused):
     """409 `idempotency-in-flight`: another caller is sending this key right now (the
     operation is submitted): the function was not called. Ask again after `retry_after`
@@ -254,6 +264,6 @@ PROBLEM_TYPES: dict[str, type[LedgerError]] = {
         InvalidInputProblem, HTTPError, Refused, IdempotencyKeyReused, StaleVersion,
         IllegalTransition, StaleFencingToken, LeaseHeld, AlreadyCommitted, StaleFact,
         DependencyNotMet, ApprovalRequired, ApprovalDenied, SecondPersonRequired,
-        InFlight, InternalError,
+        InFlight, InternalError, ValidationRefused,
     )
 }

@@ -6,6 +6,8 @@ name `execute_tool {operation}`, `gen_ai.operation.name` = execute_tool,
 `ledger.state` (as last recorded) and `ledger.idempotency_key`; `ledger.replayed` true
 when the call was answered from the stored receipt (nothing sent). Nothing else of the call
 goes into the span: no intent, no result, no key or header (they may hold secrets).
+`resume` is a span `execute_tool run_resume` with the run, its fencing token and the fact
+versions of the hand-off view (`ledger.facts.read`: "subject predicate@version").
 """
 
 from __future__ import annotations
@@ -58,3 +60,33 @@ def action_span(operation: str):
         attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": operation},
     ) as span:
         yield _Span(span)
+
+
+class _StateSpan:
+    def __init__(self, span=None):
+        self.span = span
+
+    def set(self, attributes: dict) -> None:
+        if self.span is not None and self.span.is_recording():
+            self.span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+
+@contextmanager
+def state_span(name: str):
+    """The span of an execution-state tool call (`run_resume`), named as the ledger's MCP
+    tool is; its attributes are identifiers and versions only."""
+    if _trace is None:
+        yield _StateSpan()
+        return
+    tracer = _trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"execute_tool {name}", kind=_trace.SpanKind.INTERNAL,
+        attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name},
+    ) as span:
+        yield _StateSpan(span)
+
+
+def fact_versions(facts) -> list[str]:
+    """"subject predicate@version" of each fact the ledger returned (never a value)."""
+    return [f"{f.get('subject')} {f.get('predicate')}@{f.get('version')}"
+            for f in facts or () if isinstance(f, dict)]

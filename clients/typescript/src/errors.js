@@ -140,6 +140,10 @@ export class ApprovalDenied extends Refused {
   get reason() { return this.problem.reason ?? null; }
 }
 export class SecondPersonRequired extends Refused { static slug = "second-person-required"; }
+export class ValidationRefused extends Refused {
+  static slug = "validation-refused";
+  get reason() { return this.problem.reason ?? null; }
+}
 export class InternalError extends ServerError { static slug = "internal-error"; }
 
 export const PROBLEM_TYPES = Object.fromEntries([
@@ -147,5 +151,5 @@ export const PROBLEM_TYPES = Object.fromEntries([
   InvalidInputProblem, HTTPError, Refused, IdempotencyKeyReused, StaleVersion,
   IllegalTransition, StaleFencingToken, LeaseHeld, AlreadyCommitted, StaleFact,
   DependencyNotMet, ApprovalRequired, ApprovalDenied, SecondPersonRequired, InFlight,
-  InternalError,
+  InternalError, ValidationRefused,
 ].map((cls) => [cls.slug, cls]));

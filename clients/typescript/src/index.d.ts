@@ -10,6 +10,8 @@ export declare class Receipt {
   tenant: string;
   operation: string;
   target: string;
+  /** The provider account the call acted as (a non-secret label), or "". */
+  account?: string;
   state: string;
   version: number;
   attempt: number;
@@ -81,6 +83,8 @@ export declare class StaleFact extends Refused {}
 export declare class DependencyNotMet extends Refused {}
 export declare class ApprovalRequired extends Refused {}
 export declare class ApprovalDenied extends Refused { readonly reason: string | null; }
+/** 409 validation-refused: the operation kind's validator refused the intent; nothing was sent. */
+export declare class ValidationRefused extends Refused { readonly reason: string | null; }
 export declare class SecondPersonRequired extends Refused {}
 /** Also a LedgerUnavailable (a ServerError). */
 export declare class InternalError extends ServerError {}
@@ -104,6 +108,9 @@ export interface LedgerOptions {
 
 export interface ActionOptions<A extends unknown[], R> {
   target: string | ((...args: A) => string);
+  /** The provider account the call acts as (a Stripe account, a mailbox): a non-secret
+   * label, beside target; the ledger's reconcilers read as it. */
+  account?: string | ((...args: A) => string | null | undefined) | null;
   /** The idempotency key of a call (outside `ledger.step`). */
   key?: (...args: A) => string | number;
   /** Error classes that mean "rejected by the external system" (nothing happened). */

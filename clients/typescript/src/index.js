@@ -331,14 +331,14 @@ function paths(value, name) {
 function declare(operation, options) {
   const { target, key = null, rejections = [], externalId = null, tenant = null,
     retryPolicy = "if_absent_proven", redact = [], fingerprintFields = null, keep = null,
-    inFlightFor = null, approvalTimeout = null, approvalNote = "" } = options;
+    inFlightFor = null, approvalTimeout = null, approvalNote = "", account = null } = options;
   if (typeof operation !== "string" || !operation) {
     throw new errors.InvalidInput(`expected an operation name, found ${show(operation)}`);
   }
   if (target === undefined || target === null) {
     throw new errors.InvalidInput("expected target (a string or a function), found none");
   }
-  for (const [name, value] of [["target", target], ["tenant", tenant]]) {
+  for (const [name, value] of [["target", target], ["tenant", tenant], ["account", account]]) {
     if (value !== null && typeof value !== "function" && typeof value !== "string") {
       throw new errors.InvalidInput(`expected ${name} to be a string or a function of the call's arguments, found ${show(value)}`);
     }
@@ -362,7 +362,7 @@ function declare(operation, options) {
     redact: paths(redact, "redact"),
     fingerprintFields: fingerprintFields === null ? null : paths(fingerprintFields, "fingerprintFields"),
     keep: keep === null ? null : paths(keep, "keep"),
-    inFlightSeconds: inFlightFor, approvalTimeout, approvalNote,
+    inFlightSeconds: inFlightFor, approvalTimeout, approvalNote, account,
   };
 }
 
@@ -418,6 +418,8 @@ function prepare(spec, ledger, args) {
   };
   const tenant = valueOf(spec, "tenant", spec.tenant, args) ?? ledger.tenant;
   if (tenant) body.tenant = tenant;
+  const account = valueOf(spec, "account", spec.account, args);
+  if (account) body.account = account;
   if (spec.fingerprintFields !== null) body.fingerprint_fields = spec.fingerprintFields;
   if (scope) {
     body.run = scope.runId;

@@ -145,6 +145,18 @@ describe("the lifecycle", () => {
     assert.equal(receipt.target, "mailto:a@example.com");
   });
 
+  test("the provider account is a value or a function of the call, on the receipt", async () => {
+    const act = ledger().action(unique("payments.refund"), {
+      target: "https://api.stripe.example/v1/refunds", account: (r) => `acct_${r.shop}`,
+      key: (r) => r.charge },
+    calls({ id: "re_1" }));
+    await act({ shop: "acme", charge: "ch_1" });
+    const receipt = await act.receipt({ shop: "acme", charge: "ch_1" });
+    assert.equal(receipt.account, "acct_acme");
+    assert.throws(() => ledger().action("x.y", { target: "t", account: 42, key: () => "k" }),
+      client.InvalidInput);
+  });
+
   test("arguments that are not JSON, or no key, are refused before anything is sent", async () => {
     const send = calls();
     const act = ledger().action(unique("x.y"), { target: "https://x", key: () => "k" }, send);
