@@ -127,6 +127,7 @@ def record_intent(
     in_flight_seconds: float | None = None,
     trace: tuple[str, str] | None = None,
     relies_on: list[dict[str, Any]] | None = None,
+    request_id: str | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
     operation, whatever its state (do not send again). `relies_on`: fact versions named by
@@ -138,7 +139,13 @@ def record_intent(
     concurrent caller that moved it first (StaleVersion): `submitted_now` is false and the
     state says why. A refusal of the submission (ApprovalRequired, StaleFencingToken,
     DependencyNotMet, ...) is raised with the recorded operation on `.operation_recorded`,
-    which the problem carries: the intent stays recorded either way."""
+    which the problem carries: the intent stays recorded either way.
+
+    `request_id` (with `submit`): the client's id of this request, repeated when it sends
+    the request again after its answer was lost. The submission records its digest; a
+    repeat that finds the operation still as that submission left it gets the same answer
+    (`submitted_now` true, `request_repeated` true): the client that made the submission
+    is the one sending, and it has not sent yet. Another id, or none: in flight."""
     run_obj = run_of(key, run, tenant) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
@@ -158,9 +165,13 @@ def record_intent(
         return operation_dict(op), recorded_now
     submitted_now = False
     if op.state == states.State.SUBMITTED:
+        if request_id is not None and receipts.submitted_by_request(op, request_id, key.name):
+            return shapes.recorded(op, submitted_now=True, request_repeated=True), False
         raise in_flight(op, recorded=operation_dict(op))
     if op.state in states.SENDABLE:
         marks: dict[str, Any] = {"fencing_token": fencing_token, "actor": key.name}
+        if request_id is not None:
+            marks["request_id"] = request_id
         if in_flight_seconds is not None:
             marks["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
         try:
@@ -168,6 +179,10 @@ def record_intent(
             submitted_now = True
         except StaleVersion as exc:
             op = exc.current or access_operation(key, op.operation_id)
+            if request_id is not None and receipts.submitted_by_request(op, request_id,
+                                                                        key.name):
+                # this request's own earlier copy, still being answered: the same answer
+                return shapes.recorded(op, submitted_now=True, request_repeated=True), False
             if op.state == states.State.SUBMITTED:  # a concurrent caller submitted it first
                 raise in_flight(op, recorded=operation_dict(op)) from None
         except LedgerError as exc:

@@ -48,9 +48,9 @@ from ledger.inputs import (
 )
 from ledger.models import Fact, Operation, Run, Step
 from ledger.models.execution import FactStatus
-from ledger.models.operations import Conflict
+from ledger.models.operations import Conflict, OperationEvent
 from ledger.prepared import prepared_cursor
-from ledger.states import RetryPolicy, State
+from ledger.states import ActorKind, RetryPolicy, State
 
 
 def new_operation_id(now=None) -> str:
@@ -311,6 +311,7 @@ def mark_submitted(
     expected_version: int | None = None,
     actor: str | None = None,
     in_flight_for: timedelta | None = None,
+    request_id: str | None = None,
 ) -> Operation:
     """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
 
@@ -338,6 +339,11 @@ def mark_submitted(
     attempt so far, this one included: once the retry has succeeded and that time has
     passed, the reconciler reads the external system again (`reconcile.reread_due`) and
     flags the operation `duplicate` if an earlier attempt's request landed after all.
+
+    `request_id`: the id a client gave the request that submits (HTTP `Request-Id`); the
+    event's reason names its digest (`submission_request_digest`), never the id, so only
+    the client holding the id can later show that a submission was its own
+    (`submitted_by_request`).
     """
     _check_mark(op, fencing_token, expected_version, actor)
     stale = _first_stale(list(op.relies_on or ()))
@@ -356,10 +362,31 @@ def mark_submitted(
         windows = (op.reread_due_at, op.in_flight_until, changes["in_flight_until"])
         changes["reread_due_at"] = max(w for w in windows if w is not None)
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
+    if request_id is not None:
+        reason = f"{reason} ({submission_request_digest(request_id)})"
     return transitions.by_agent(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
         expected_version=expected_version, actor=actor,
     )
+
+
+def submission_request_digest(request_id: str) -> str:
+    """What a submission's event records of the client's request id: `request sha256:<hex>`
+    (the id itself stays with the client)."""
+    return f"request sha256:{hashlib.sha256(request_id.encode()).hexdigest()}"
+
+
+def submitted_by_request(op: Operation, request_id: str, actor: str) -> bool:
+    """Whether `op`, submitted, is still as the request `request_id` of agent `actor` left
+    it: its current version is the submission that request made (the same actor, the
+    request's digest on the event). True means nothing has moved it since and nobody else
+    sent it: the request's answer was lost on the way back, and its client may still send."""
+    if op.state != State.SUBMITTED:
+        return False
+    return OperationEvent.objects.filter(
+        operation_id=op.pk, version=op.version, to_state=State.SUBMITTED,
+        actor_kind=ActorKind.AGENT, actor_id=actor,
+        reason__endswith=f"({submission_request_digest(request_id)})").exists()
 
 
 NO_RESULT: Any = object()  # mark_succeeded's result= left out: the result columns untouched

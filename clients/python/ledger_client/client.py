@@ -7,9 +7,12 @@ written once, as a generator of steps (a request, a pause, the call itself) that
 and an async driver carry out, so `def` and `async def` actions behave alike.
 
 What happens when the ledger cannot be reached:
-- before the call (intent or submission not acknowledged): the function is NOT called;
-  LedgerUnavailable. (If the submission did land, the operation waits in `submitted` and
-  the ledger's sweep hands it to reconciliation, which proves the call absent.)
+- before the call (intent or submission not acknowledged): the request carries a
+  `Request-Id` of this call and is sent again, a few times (INTENT_RETRY_DELAYS); a
+  submission it made whose answer was lost is answered again (`request_repeated`), so
+  the call is made once. Still unanswered: the function is NOT called; LedgerUnavailable.
+  (If the submission did land, the operation waits in `submitted` and the ledger's sweep
+  hands it to reconciliation, which proves the call absent.)
 - after the call: its outcome is recorded again with the same expected version, with
   backoff, for up to `record_for` seconds; the function is never called again. Still
   unrecorded: OutcomeNotRecorded (the value on `.value`); the operation stays submitted
@@ -24,6 +27,7 @@ import hashlib
 import inspect
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +42,8 @@ from ledger_client.receipt import Receipt
 OPERATIONS = "/api/v1/operations"
 RETRY_POLICIES = ("never", "if_absent_proven")
 MAX_KEY = 200
+# Pauses before sending the intent again after its answer was lost (same Request-Id).
+INTENT_RETRY_DELAYS = (0.1, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -293,9 +299,11 @@ class Ledger:
     def _lifecycle(self, spec: _Spec, prepared: _Prepared, span):
         body = {**prepared.body, "submit": True}
         ids = span.ids()  # the operation is linked to this span's trace
-        headers = {"traceparent": f"00-{ids[0]}-{ids[1]}-01"} if ids else None
+        headers = {"Request-Id": new_request_id()}
+        if ids:
+            headers["traceparent"] = f"00-{ids[0]}-{ids[1]}-01"
         try:
-            data = yield Request("POST", OPERATIONS, body, headers=headers)
+            data = yield from self._intent(Request("POST", OPERATIONS, body, headers=headers))
         except errors.ApprovalRequired as exc:
             if spec.approval_timeout is None or exc.operation is None:
                 raise
@@ -337,6 +345,19 @@ class Ledger:
                 "succeeded without its result; the value is on this error's .value",
                 operation=final, value=value)
         return value
+
+    def _intent(self, request: Request):
+        """The intent request's answer; sent again with the same `Request-Id` after a lost
+        answer (a timeout, a dropped connection): a submission the lost one made is
+        answered again, so nothing is left looking sent that this call did not send."""
+        for delay in (*INTENT_RETRY_DELAYS, None):
+            try:
+                return (yield request)
+            except errors.LedgerUnavailable as exc:
+                if delay is None or _never_reached(exc):
+                    raise
+            yield _Sleep(delay)
+        raise AssertionError("unreachable")
 
     def _record(self, receipt: Receipt, outcome: str, payload: dict, *, value: Any = None):
         """Record the call's outcome, again and again with the same expected version until
@@ -711,6 +732,19 @@ class _Spec:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _never_reached(exc: errors.LedgerUnavailable) -> bool:
+    """The request could not connect (the transport already tried again): it reached
+    nothing, so there is no lost answer to ask for."""
+    import httpx
+
+    return isinstance(exc.cause, httpx.ConnectError)
+
+
+def new_request_id() -> str:
+    """A `Request-Id` for one call's intent request: random, kept only by this call."""
+    return f"req-{secrets.token_urlsafe(24)}"
 
 
 def _settled(receipt: Receipt) -> Any:
