@@ -25,9 +25,12 @@ agents, stalled the loop longer through GIL contention).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
+import math
+import time
 from collections.abc import Callable, Iterable
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -128,6 +131,7 @@ def action(
     in_flight_for=None,
     keep: Iterable[str] | None = None,
     relies_on: Callable[..., Iterable[Any]] | Iterable[Any] = (),
+    wait: float | None = None,
 ):
     """Make a function's external side effect happen at most once per idempotency key.
 
@@ -156,6 +160,11 @@ def action(
     `relies_on`: the fact versions the call was planned on, a list or a function of the
     call's arguments returning one (`record_intent(relies_on=)`): a call planned on a
     superseded version raises StaleFact and is not sent.
+
+    `wait` (seconds, default none): a call that finds its key in flight (InFlight: another
+    caller is sending it) looks again every `.retry_after` s for up to `wait` s and gets
+    that caller's outcome (the stored result or its error), or sends it once
+    reconciliation proved the earlier attempt absent; still in flight then: InFlight.
     """
     # Checked once, where the action is declared: a malformed declaration fails at import.
     check_operation_name(operation)
@@ -173,6 +182,9 @@ def action(
             isinstance(r, type) and issubclass(r, BaseException) for r in rejections):
         raise InvalidInput(f"expected rejections= to be a tuple of exception classes, found "
                            f"{rejections!r}")
+    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)
+                             or not 0 <= wait < math.inf):
+        raise InvalidInput(f"expected wait to be seconds or None, found {wait!r}")
     redact_paths = tuple(check_paths(redact, "redact"))
     kept = None if keep is None else tuple(check_paths(keep, "keep"))
     fields = (None if fingerprint_fields is None
@@ -212,6 +224,31 @@ def action(
                     return False, _settled(op)
                 return True, None
             return False, _settled(op)
+
+        def start_waiting(op: Operation) -> tuple[bool, Any]:
+            """`start`, looking again while the key is in flight, for up to `wait` s."""
+            deadline = time.monotonic() + (wait or 0)
+            while True:
+                try:
+                    return start(op)
+                except InFlight as exc:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    time.sleep(min(exc.retry_after, remaining))
+                    op.refresh_from_db()
+
+        async def astart_waiting(op: Operation) -> tuple[bool, Any]:
+            deadline = time.monotonic() + (wait or 0)
+            while True:
+                try:
+                    return await astart(op)
+                except InFlight as exc:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    await asyncio.sleep(min(exc.retry_after, remaining))
+                    await sync_to_async(op.refresh_from_db, thread_sensitive=True)()
 
         def finish(op: Operation, value: Any) -> Any:
             ext = _external_id(external_id, value)
@@ -256,7 +293,7 @@ def action(
                 with tracing.action_span(operation) as span:
                     op = await aprepare(args, kwargs)
                     try:
-                        send, stored = await astart(op)
+                        send, stored = await astart_waiting(op)
                         if not send:
                             return stored
                         try:
@@ -277,7 +314,7 @@ def action(
             with tracing.action_span(operation) as span:
                 op = prepare(args, kwargs)
                 try:
-                    send, stored = start(op)
+                    send, stored = start_waiting(op)
                     if not send:
                         return stored
                     try:

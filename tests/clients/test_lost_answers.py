@@ -5,14 +5,13 @@ and nothing it did not send is left looking sent."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 
 from ledger import agent_keys
 from ledger.models import Operation, OperationEvent
 from tests.clients.tcp_fault_proxy import TcpFaultProxy
+from tests.support.loops import run_coroutine
 
 INTENT = b"POST /api/v1/operations "
 
@@ -65,7 +64,7 @@ def test_the_async_client_asks_again_too(proxy, secret):
         finally:
             await ledger.aclose()
 
-    assert asyncio.run(main()) == {"sent": "b@example.com"}
+    assert run_coroutine(main()) == {"sent": "b@example.com"}
     ledger.close()
     assert proxy.dropped == [INTENT] and effects == ["b@example.com"]
     [op] = Operation.objects.all()

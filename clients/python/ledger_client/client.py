@@ -222,6 +222,7 @@ class Ledger:
         in_flight_for: float | timedelta | None = None,
         approval_timeout: float | None = None,
         approval_note: str = "",
+        wait: float | None = None,
     ):
         """Make a function's external side effect happen at most once per idempotency key,
         with `receipts.action`'s meaning, over the API.
@@ -246,13 +247,19 @@ class Ledger:
         with `approval_timeout` (seconds) the client asks for approval (`approval_note`)
         and waits: approved -> sent; denied -> ApprovalDenied; no decision in time ->
         ApprovalRequired.
+
+        `wait` (seconds, default none): a call that finds its key in flight asks again
+        every `.retry_after` s for up to `wait` s and gets the other caller's outcome (the
+        stored result, or its error, `receipt.replayed` true on the action's span), or,
+        once reconciliation proved the earlier attempt absent, sends it; still in flight
+        after `wait` s: InFlight.
         """
         spec = _Spec.declare(
             operation, target=target, key=key, rejections=rejections,
             external_id=external_id, tenant=tenant, retry_policy=retry_policy,
             redact=redact, fingerprint_fields=fingerprint_fields, keep=keep,
             in_flight_for=in_flight_for, approval_timeout=approval_timeout,
-            approval_note=approval_note,
+            approval_note=approval_note, wait=wait,
         )
 
         def decorate(fn):
@@ -303,7 +310,8 @@ class Ledger:
         if ids:
             headers["traceparent"] = f"00-{ids[0]}-{ids[1]}-01"
         try:
-            data = yield from self._intent(Request("POST", OPERATIONS, body, headers=headers))
+            data = yield from self._intent(Request("POST", OPERATIONS, body, headers=headers),
+                                           wait=spec.wait)
         except errors.ApprovalRequired as exc:
             if spec.approval_timeout is None or exc.operation is None:
                 raise
@@ -346,18 +354,26 @@ class Ledger:
                 operation=final, value=value)
         return value
 
-    def _intent(self, request: Request):
+    def _intent(self, request: Request, *, wait: float | None = None):
         """The intent request's answer; sent again with the same `Request-Id` after a lost
         answer (a timeout, a dropped connection): a submission the lost one made is
-        answered again, so nothing is left looking sent that this call did not send."""
-        for delay in (*INTENT_RETRY_DELAYS, None):
+        answered again, so nothing is left looking sent that this call did not send.
+        `wait`: seconds to keep asking while another caller has the key in flight."""
+        lost = iter(INTENT_RETRY_DELAYS)
+        deadline = None if not wait else time.monotonic() + wait
+        while True:
             try:
                 return (yield request)
             except errors.LedgerUnavailable as exc:
+                delay = next(lost, None)
                 if delay is None or _never_reached(exc):
                     raise
+            except errors.InFlight as exc:
+                remaining = 0.0 if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                delay = min(exc.retry_after, remaining)
             yield _Sleep(delay)
-        raise AssertionError("unreachable")
 
     def _record(self, receipt: Receipt, outcome: str, payload: dict, *, value: Any = None):
         """Record the call's outcome, again and again with the same expected version until
@@ -603,11 +619,12 @@ class _Spec:
     in_flight_seconds: float | None
     approval_timeout: float | None
     approval_note: str
+    wait: float | None = None
 
     @classmethod
     def declare(cls, operation, *, target, key, rejections, external_id, tenant,
                 retry_policy, redact, fingerprint_fields, keep, in_flight_for,
-                approval_timeout, approval_note) -> _Spec:
+                approval_timeout, approval_note, wait=None) -> _Spec:
         """Checked once, where the action is declared: a malformed one fails at import."""
         if not isinstance(operation, str) or not operation:
             raise errors.InvalidInput(f"expected an operation name, found {operation!r}")
@@ -635,6 +652,9 @@ class _Spec:
                                              or approval_timeout < 0):
             raise errors.InvalidInput(f"expected approval_timeout to be seconds or None, "
                                       f"found {approval_timeout!r}")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)
+                                 or not 0 <= wait < math.inf):
+            raise errors.InvalidInput(f"expected wait to be seconds or None, found {wait!r}")
         return cls(
             operation=operation, target=target, key=key, rejections=rejections,
             external_id=external_id, tenant=tenant, retry_policy=retry_policy,
@@ -643,7 +663,7 @@ class _Spec:
                                 else _paths(fingerprint_fields, "fingerprint_fields")),
             keep=None if keep is None else _paths(keep, "keep"),
             in_flight_seconds=in_flight_for, approval_timeout=approval_timeout,
-            approval_note=approval_note,
+            approval_note=approval_note, wait=wait,
         )
 
     def _value(self, name: str, value: Any, args, kwargs) -> str | None:
