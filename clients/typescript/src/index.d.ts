@@ -119,6 +119,8 @@ export interface ActionOptions<A extends unknown[], R> {
   /** Seconds to wait for people's approval (null: ApprovalRequired at once). */
   approvalTimeout?: number | null;
   approvalNote?: string;
+  /** Seconds to wait for the outcome of a key another caller has in flight (default: none). */
+  wait?: number | null;
 }
 
 export interface Action<A extends unknown[], R> {
