@@ -13,7 +13,7 @@ SERVER_DEPENDENT = {
     "tests/ledger/test_db_roles.py", "tests/ledger/test_role_refusals.py",
     "tests/ledger/test_app_role_attacks.py", "tests/api/test_web_roles.py",
     "tests/ledger/test_trust_who.py", "tests/ledger/test_trust_leases_approvals.py",
-    "tests/ledger/test_chain_trust.py",
+    "tests/ledger/test_chain_trust.py", "tests/api/test_request_id_roles.py",
 }
 
 
