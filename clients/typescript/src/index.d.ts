@@ -143,6 +143,12 @@ export declare class Ledger {
   ): Action<A, Awaited<R>>;
   step<T>(runId: string, stepId: string, fn: () => T): T;
   step<T>(runId: string, stepId: string, options: { fencingToken?: number | null }, fn: () => T): T;
+  record(operation: string, options: {
+    target: string; intent: Record<string, unknown>; idempotencyKey?: string | null;
+    tenant?: string | null; run?: string | null; step?: string | null; call?: string | null;
+    retryPolicy?: "never" | "if_absent_proven"; redact?: string[];
+    fingerprintFields?: string[] | null; keep?: string[] | null;
+  }): Promise<Receipt>;
   operation(operationId: string): Promise<Receipt>;
   retriesDue(options?: { operation?: string | null; tenant?: string | null }): Promise<Receipt[]>;
   resume(runId: string, options: { worker: string; ttlSeconds?: number | null; tenant?: string | null }): Promise<Receipt>;

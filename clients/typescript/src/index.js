@@ -286,6 +286,29 @@ export class Ledger {
     return scopes.run({ runId, stepId, fencingToken, calls: new Map() }, fn);
   }
 
+  /** Record an intent without submitting it (the Python client's `record`): the planned
+   * operation, or the existing one of the same key and intent (`.replayed` true, its state as
+   * it stands: do not send unless it is planned or safe_to_retry). IdempotencyKeyReused for
+   * another intent. */
+  async record(operation, { target, intent, idempotencyKey = null, tenant = null, run = null,
+    step = null, call = null, retryPolicy = "if_absent_proven", redact = [],
+    fingerprintFields = null, keep = null } = {}) {
+    if (!intent || typeof intent !== "object" || Array.isArray(intent)) {
+      throw new errors.InvalidInput(`expected intent to be an object, found ${show(intent)}`);
+    }
+    if (!RETRY_POLICIES.includes(retryPolicy)) {
+      throw new errors.InvalidInput(`expected retryPolicy in ${show(RETRY_POLICIES)}, found ${show(retryPolicy)}`);
+    }
+    const body = { operation, target, intent, retry_policy: retryPolicy, redact: paths(redact, "redact") };
+    for (const [name, value] of [["idempotency_key", idempotencyKey], ["tenant", tenant ?? this.tenant],
+      ["run", run], ["step", step], ["call", call]]) {
+      if (value !== null && value !== undefined) body[name] = value;
+    }
+    if (fingerprintFields !== null) body.fingerprint_fields = paths(fingerprintFields, "fingerprintFields");
+    if (keep !== null) body.keep = paths(keep, "keep");
+    return new Receipt(await this.transport.send({ method: "POST", path: OPERATIONS, json: body }));
+  }
+
   /** The receipt with its events, evidence and approval status. */
   async operation(operationId) {
     return new Receipt(await this.transport.send({ method: "GET", path: `${OPERATIONS}/${operationId}` }));

@@ -169,6 +169,24 @@ describe("the lifecycle", () => {
       (exc) => exc instanceof client.InvalidInput && /wait/.test(exc.message));
   });
 
+  test("record: an intent recorded without submitting; the same again is a replay; an action of the key sends it", async () => {
+    const name = unique("mail.send");
+    const first = await ledger().record(name, { target: "smtp://m", intent: { to: "r1" }, idempotencyKey: "r1" });
+    assert.equal(first.state, "planned");
+    assert.ok(!first.replayed);
+    const again = await ledger().record(name, { target: "smtp://m", intent: { to: "r1" }, idempotencyKey: "r1" });
+    assert.equal(again.operation_id, first.operation_id);
+    assert.equal(again.replayed, true);
+    await assert.rejects(ledger().record(name, { target: "smtp://m", intent: { to: "other" }, idempotencyKey: "r1" }),
+      (exc) => exc instanceof client.IdempotencyKeyReused);
+    await assert.rejects(ledger().record(name, { target: "smtp://m", intent: [1], idempotencyKey: "r2" }),
+      (exc) => exc instanceof client.InvalidInput);
+    const send = calls(async (intent) => ({ sent: intent.to }));
+    const act = ledger().action(name, { target: "smtp://m", key: (intent) => intent.to }, send);
+    assert.deepEqual(await act({ to: "r1" }), { sent: "r1" });
+    assert.equal(send.count, 1);
+  });
+
   test("a rejection is recorded, re-raised, and later calls are Rejected without calling", async () => {
     class Declined extends Error {}
     const send = calls(null, () => new Declined("card declined"));
