@@ -9,6 +9,7 @@ apply; the desk's login-required middleware lets these URLs through (`api.urls`)
 from __future__ import annotations
 
 import logging
+import re
 
 from django.db import OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -46,12 +47,15 @@ from api.schemas import (
     SucceededIn,
 )
 from ledger import tracing
-from ledger.errors import InFlight, LedgerError
+from ledger.errors import InFlight, InvalidInput, LedgerError
 
 logger = logging.getLogger("ledger.api")
 PROBLEM = "application/problem+json"
 # The header of an answer served from a stored receipt (as the Agentic Commerce Protocol).
 REPLAYED = "Idempotent-Replayed"
+# The client's id of a submitting request, repeated on a retry after a lost answer.
+REQUEST_ID = "Request-Id"
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._~:-]{16,200}")
 # Every error an endpoint answers (all problem+json): malformed body, no or bad key, tenant
 # not granted, not found, wrong method, refused by the ledger, body too large, not JSON,
 # invalid input.
@@ -231,9 +235,19 @@ def record_intent(request, response: HttpResponse, body: RecordIntentIn):
     safe_to_retry, in the same request: `submitted_now` true means send now, false means
     do not (its state says why). A refusal of the submission is its problem (409), with
     the recorded operation as `operation`. A W3C `traceparent` header links a new
-    operation to the caller's trace (`trace_id`, `span_id`)."""
+    operation to the caller's trace (`trace_id`, `span_id`).
+
+    A `Request-Id` header (16 to 200 of `A-Z a-z 0-9 . _ ~ : -`, random per call) names the
+    request: sent again after its answer was lost, a submission it made is answered again
+    (`submitted_now` true, `request_repeated` true) instead of 409 in flight, so a lost
+    answer never leaves a call its client did not make looking sent."""
     trace = tracing.from_traceparent(request.headers.get("traceparent"))
-    data, created = service.record_intent(request.auth, **body.dict(), trace=trace)
+    request_id = request.headers.get(REQUEST_ID)
+    if request_id is not None and not REQUEST_ID_PATTERN.fullmatch(request_id):
+        raise InvalidInput(f"expected the {REQUEST_ID} header to be 16 to 200 of "
+                           f"A-Z a-z 0-9 . _ ~ : -, found {request_id[:60]!r}")
+    data, created = service.record_intent(request.auth, **body.dict(), trace=trace,
+                                          request_id=request_id)
     data.setdefault("submitted_now", False)
     if not created and not data["submitted_now"]:
         response[REPLAYED] = "true"

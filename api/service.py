@@ -133,6 +133,7 @@ def record_intent(
     trace: tuple[str, str] | None = None,
     relies_on: list[dict[str, Any]] | None = None,
     account: str | None = None,
+    request_id: str | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """(the operation, whether this call recorded it). Same key and intent: the existing
     operation, whatever its state (do not send again). `relies_on`: fact versions named by
@@ -145,7 +146,13 @@ def record_intent(
     concurrent caller that moved it first (StaleVersion): `submitted_now` is false and the
     state says why. A refusal of the submission (ApprovalRequired, StaleFencingToken,
     DependencyNotMet, ...) is raised with the recorded operation on `.operation_recorded`,
-    which the problem carries: the intent stays recorded either way."""
+    which the problem carries: the intent stays recorded either way.
+
+    `request_id` (with `submit`): the client's id of this request, repeated when it sends
+    the request again after its answer was lost. The submission records its digest; a
+    repeat that finds the operation still as that submission left it gets the same answer
+    (`submitted_now` true, `request_repeated` true): the client that made the submission
+    is the one sending, and it has not sent yet. Another id, or none: in flight."""
     run_obj = run_of(key, run, tenant) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
@@ -156,7 +163,8 @@ def record_intent(
     submission: dict[str, Any] = {}
     if submit:
         # A new operation: recorded and submitted in one transaction (one commit).
-        submission = {"submit": True, "fencing_token": fencing_token}
+        submission = {"submit": True, "fencing_token": fencing_token,
+                      "request_id": request_id}
         if in_flight_seconds is not None:
             submission["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
     try:
@@ -177,7 +185,10 @@ def record_intent(
     if not submit:
         return operation_dict(op), recorded_now
     if not op.submitted_now and op.state == states.State.SUBMITTED:
-        # found submitted, or a concurrent caller submitted it first
+        # found submitted, or a concurrent caller submitted it first: in flight, unless it
+        # is this request's own submission whose answer was lost (the same Request-Id)
+        if request_id is not None and receipts.submitted_by_request(op, request_id, key.name):
+            return shapes.recorded(op, submitted_now=True, request_repeated=True), False
         raise in_flight(op, recorded=operation_dict(op))
     return shapes.recorded(op, submitted_now=op.submitted_now), recorded_now
 

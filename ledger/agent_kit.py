@@ -25,9 +25,12 @@ agents, stalled the loop longer through GIL contention).
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import inspect
+import math
+import time
 from collections.abc import Callable, Iterable
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -131,6 +134,7 @@ def action(
     relies_on: Callable[..., Iterable[Any]] | Iterable[Any] = (),
     submit: bool = True,
     account: str | Callable[..., str] = "",
+    wait: float | None = None,
 ):
     """Make a function's external side effect happen at most once per idempotency key.
 
@@ -164,6 +168,10 @@ def action(
     `submit` (default True): a new call's intent and its submission are one commit
     (`record_intent(submit=True)`), so a call costs two commits with its outcome; False
     records the intent, then marks it submitted, a commit each (the rules are the same).
+    `wait` (seconds, default none): a call that finds its key in flight (InFlight: another
+    caller is sending it) looks again every `.retry_after` s for up to `wait` s and gets
+    that caller's outcome (the stored result or its error), or sends it once
+    reconciliation proved the earlier attempt absent; still in flight then: InFlight.
     """
     # Checked once, where the action is declared: a malformed declaration fails at import.
     check_operation_name(operation)
@@ -183,6 +191,9 @@ def action(
             isinstance(r, type) and issubclass(r, BaseException) for r in rejections):
         raise InvalidInput(f"expected rejections= to be a tuple of exception classes, found "
                            f"{rejections!r}")
+    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)
+                             or not 0 <= wait < math.inf):
+        raise InvalidInput(f"expected wait to be seconds or None, found {wait!r}")
     redact_paths = tuple(check_paths(redact, "redact"))
     kept = None if keep is None else tuple(check_paths(keep, "keep"))
     fields = (None if fingerprint_fields is None
@@ -231,6 +242,31 @@ def action(
                 return True, None
             return False, _settled(op)
 
+        def start_waiting(op: Operation) -> tuple[bool, Any]:
+            """`start`, looking again while the key is in flight, for up to `wait` s."""
+            deadline = time.monotonic() + (wait or 0)
+            while True:
+                try:
+                    return start(op)
+                except InFlight as exc:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    time.sleep(min(exc.retry_after, remaining))
+                    op.refresh_from_db()
+
+        async def astart_waiting(op: Operation) -> tuple[bool, Any]:
+            deadline = time.monotonic() + (wait or 0)
+            while True:
+                try:
+                    return await astart(op)
+                except InFlight as exc:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise
+                    await asyncio.sleep(min(exc.retry_after, remaining))
+                    await sync_to_async(op.refresh_from_db, thread_sensitive=True)()
+
         def finish(op: Operation, value: Any) -> Any:
             ext = _external_id(external_id, value)
             stored, why = _storable(value)
@@ -278,7 +314,7 @@ def action(
                         span.record(getattr(exc, "recorded_operation", None))
                         raise
                     try:
-                        send, stored = await astart(op)
+                        send, stored = await astart_waiting(op)
                         if not send:
                             return stored
                         try:
@@ -303,7 +339,7 @@ def action(
                     span.record(getattr(exc, "recorded_operation", None))
                     raise
                 try:
-                    send, stored = start(op)
+                    send, stored = start_waiting(op)
                     if not send:
                         return stored
                     try:

@@ -62,9 +62,9 @@ from ledger.inputs import (
 )
 from ledger.models import Fact, Operation, Run, Step
 from ledger.models.execution import FactStatus
-from ledger.models.operations import Conflict
+from ledger.models.operations import Conflict, OperationEvent
 from ledger.prepared import prepared_cursor
-from ledger.states import RetryPolicy, State
+from ledger.states import ActorKind, RetryPolicy, State
 
 
 def new_operation_id(now=None) -> str:
@@ -124,6 +124,7 @@ def record_intent(
     fencing_token: int | None = None,
     in_flight_for: timedelta | None = None,
     account: str = "",
+    request_id: str | None = None,
 ) -> Operation:
     """Record a planned operation before the external call; returns it in state `planned`.
 
@@ -135,7 +136,8 @@ def record_intent(
     caller moved it first (its state as found); never send then. A refusal of the
     submission (ApprovalRequired, StaleFencingToken, DependencyNotMet, StaleFact, ...) is
     raised with the intent recorded (planned), the operation on the error's
-    `.recorded_operation`.
+    `.recorded_operation`. `request_id`: as for `mark_submitted`, named (as its digest) on
+    the submission's event.
 
     `account`: which account at the provider the call acts as (a Stripe account id, a
     mailbox, the provider's tenant), beside `target`: a non-secret label (credentials in
@@ -295,8 +297,8 @@ def record_intent(
             # Refused by its kind's checks: the intent alone, then mark_submitted records
             # the refusal (abandoned, with the reason) and raises ValidationRefused.
             return _submitted_now(recorded(), actor=actor, fencing_token=fencing_token,
-                                  in_flight_for=in_flight_for)
-        changes, reason = _submission(candidate, in_flight_for)
+                                  in_flight_for=in_flight_for, request_id=request_id)
+        changes, reason = _submission(candidate, in_flight_for, request_id)
         try:
             if transitions.record_and_submit(candidate, actor=actor or "", reason=reason,
                                              changes=changes, fencing_token=fencing_token):
@@ -313,10 +315,11 @@ def record_intent(
             op.submitted_now = True
             return op
     return _submitted_now(op, actor=actor, fencing_token=fencing_token,
-                          in_flight_for=in_flight_for)
+                          in_flight_for=in_flight_for, request_id=request_id)
 
 
-def _submitted_now(op: Operation, *, actor, fencing_token, in_flight_for) -> Operation:
+def _submitted_now(op: Operation, *, actor, fencing_token, in_flight_for,
+                   request_id=None) -> Operation:
     """`record_intent(submit=True)` of an operation recorded or found apart: marked submitted
     when planned or safe_to_retry; `submitted_now` says whether this call did it."""
     op.submitted_now = False
@@ -324,7 +327,7 @@ def _submitted_now(op: Operation, *, actor, fencing_token, in_flight_for) -> Ope
         return op
     try:
         submitted = mark_submitted(op, fencing_token=fencing_token, actor=actor,
-                                   in_flight_for=in_flight_for)
+                                   in_flight_for=in_flight_for, request_id=request_id)
     except StaleVersion as exc:
         # A concurrent caller moved it first: its state as found, not sent by this one.
         current = exc.current or Operation.objects.filter(pk=op.pk).first() or op
@@ -457,6 +460,7 @@ def mark_submitted(
     expected_version: int | None = None,
     actor: str | None = None,
     in_flight_for: timedelta | None = None,
+    request_id: str | None = None,
 ) -> Operation:
     """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
 
@@ -488,6 +492,11 @@ def mark_submitted(
     The operation kind's validators (`ledger.validation`: rules and functions) run first:
     a refusal moves the operation to abandoned with error code validation_refused and the
     reason, and raises ValidationRefused; nothing is submitted, so nothing may be sent.
+
+    `request_id`: the id a client gave the request that submits (HTTP `Request-Id`); the
+    event's reason names its digest (`submission_request_digest`), never the id, so only
+    the client holding the id can later show that a submission was its own
+    (`submitted_by_request`).
     """
     _check_mark(op, fencing_token, expected_version, actor)
     stale = _first_stale(list(op.relies_on or ()))
@@ -496,15 +505,17 @@ def mark_submitted(
     if op.state in states.SENDABLE and validation.has_checks():
         _refuse_if_invalid(op, fencing_token=fencing_token, expected_version=expected_version,
                            actor=actor)
-    changes, reason = _submission(op, in_flight_for)
+    changes, reason = _submission(op, in_flight_for, request_id)
     return transitions.by_agent(
         op, State.SUBMITTED, fencing_token=fencing_token, reason=reason, changes=changes,
         expected_version=expected_version, actor=actor,
     )
 
 
-def _submission(op: Operation, in_flight_for: timedelta | None) -> tuple[dict[str, Any], str]:
-    """(the columns a move of `op` to submitted sets, the event's reason)."""
+def _submission(op: Operation, in_flight_for: timedelta | None,
+                request_id: str | None = None) -> tuple[dict[str, Any], str]:
+    """(the columns a move of `op` to submitted sets, the event's reason; with `request_id`,
+    the reason names its digest)."""
     if in_flight_for is None:
         in_flight_for = timedelta(seconds=conf.IN_FLIGHT_SECONDS)
     check_duration(in_flight_for, "in_flight_for", high=timedelta(days=7))
@@ -518,6 +529,8 @@ def _submission(op: Operation, in_flight_for: timedelta | None) -> tuple[dict[st
         windows = (op.reread_due_at, op.in_flight_until, changes["in_flight_until"])
         changes["reread_due_at"] = max(w for w in windows if w is not None)
     reason = "request sent" if op.state == State.PLANNED else f"retry: attempt {op.attempt + 1}"
+    if request_id is not None:
+        reason = f"{reason} ({submission_request_digest(request_id)})"
     return changes, reason
 
 
@@ -539,6 +552,25 @@ def _refuse_if_invalid(op: Operation, *, fencing_token: int | None,
         f"expected operation {op.operation_id} ({op.operation}) to pass the checks of its "
         f"kind before it is sent, found: {why}; it is recorded abandoned and nothing was "
         "sent", reason=why, operation=refused)
+
+
+def submission_request_digest(request_id: str) -> str:
+    """What a submission's event records of the client's request id: `request sha256:<hex>`
+    (the id itself stays with the client)."""
+    return f"request sha256:{hashlib.sha256(request_id.encode()).hexdigest()}"
+
+
+def submitted_by_request(op: Operation, request_id: str, actor: str) -> bool:
+    """Whether `op`, submitted, is still as the request `request_id` of agent `actor` left
+    it: its current version is the submission that request made (the same actor, the
+    request's digest on the event). True means nothing has moved it since and nobody else
+    sent it: the request's answer was lost on the way back, and its client may still send."""
+    if op.state != State.SUBMITTED:
+        return False
+    return OperationEvent.objects.filter(
+        operation_id=op.pk, version=op.version, to_state=State.SUBMITTED,
+        actor_kind=ActorKind.AGENT, actor_id=actor,
+        reason__endswith=f"({submission_request_digest(request_id)})").exists()
 
 
 NO_RESULT: Any = object()  # mark_succeeded's result= left out: the result columns untouched

@@ -113,11 +113,16 @@ def operation(op: Operation) -> dict[str, Any]:
 class RecordedOut(OperationOut):
     submitted_now: bool = Field(description="Whether this request marked it submitted "
                                 "(with submit: send now; otherwise do not send).")
+    request_repeated: bool = Field(False, description=(
+        "True when this answers a repeat of an earlier request (the same Request-Id header) "
+        "whose answer was lost: the submission is that request's, nothing was sent since."))
 
 
-def recorded(op: Operation, *, submitted_now: bool) -> dict[str, Any]:
+def recorded(op: Operation, *, submitted_now: bool,
+             request_repeated: bool = False) -> dict[str, Any]:
     """An operation as a request that recorded (and maybe submitted) it (RecordedOut)."""
-    return {**operation(op), "submitted_now": submitted_now}
+    return {**operation(op), "submitted_now": submitted_now,
+            "request_repeated": request_repeated}
 
 
 class EventOut(BaseModel):

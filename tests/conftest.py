@@ -9,6 +9,7 @@ from tests.factories import OperationFactory, UserFactory
 # refusals as each role): CI runs the whole suite on the embedded server, then these again
 # on the machine's server (`pytest -m server`).
 SERVER_DEPENDENT = {
+    "tests/api/test_request_id_roles.py",
     "tests/api/test_web_roles.py",
     "tests/ha/test_lost_answer.py",
     "tests/ha/test_pooler.py",

@@ -425,16 +425,37 @@ def test_an_outcome_recorded_but_unanswered_is_not_recorded_twice(server, secret
     assert (op.state, op.version) == ("succeeded", 3)
 
 
-def test_a_lost_answer_to_the_submission_means_no_call_and_no_second_send(server, secret):
-    from ledger_client import Ledger, LedgerUnavailable, OutcomeUnknown
+def test_a_lost_answer_to_the_submission_is_asked_again_and_the_call_made_once(server,
+                                                                             secret):
+    from ledger_client import Ledger
 
     transport = DropFirstAnswer("/operations")
     send = Calls(result="sent")
     with Ledger(server.url, key=secret, transport=transport) as ledger:
         act = ledger.action("x.y", target="https://x", key=lambda v: v)(send)
+        assert act("k") == "sent"  # the repeat (same Request-Id) got the lost answer again
+        assert act("k") == "sent"  # the stored result
+    assert transport.dropped == 1 and send.count == 1
+    [op] = ops()
+    assert op.state == "succeeded"
+
+
+def test_answers_lost_every_time_mean_no_call(server, secret):
+    from ledger_client import InFlight, Ledger, LedgerUnavailable
+
+    class DropAll(httpx.HTTPTransport):
+        def handle_request(self, request):
+            super().handle_request(request).read()
+            raise httpx.ReadTimeout("answer lost", request=request)
+
+    send = Calls(result="sent")
+    with Ledger(server.url, key=secret, transport=DropAll()) as ledger:
+        act = ledger.action("x.y", target="https://x", key=lambda v: v)(send)
         with pytest.raises(LedgerUnavailable, match="timed out"):
             act("k")
-        with pytest.raises(OutcomeUnknown):  # it was submitted: the sweep decides, not us
+    with Ledger(server.url, key=secret) as ledger:  # another call: it is in flight
+        act = ledger.action("x.y", target="https://x", key=lambda v: v)(send)
+        with pytest.raises(InFlight):
             act("k")
     assert send.count == 0
 

@@ -7,9 +7,12 @@ written once, as a generator of steps (a request, a pause, the call itself) that
 and an async driver carry out, so `def` and `async def` actions behave alike.
 
 What happens when the ledger cannot be reached:
-- before the call (intent or submission not acknowledged): the function is NOT called;
-  LedgerUnavailable. (If the submission did land, the operation waits in `submitted` and
-  the ledger's sweep hands it to reconciliation, which proves the call absent.)
+- before the call (intent or submission not acknowledged): the request carries a
+  `Request-Id` of this call and is sent again, a few times (INTENT_RETRY_DELAYS); a
+  submission it made whose answer was lost is answered again (`request_repeated`), so
+  the call is made once. Still unanswered: the function is NOT called; LedgerUnavailable.
+  (If the submission did land, the operation waits in `submitted` and the ledger's sweep
+  hands it to reconciliation, which proves the call absent.)
 - after the call: its outcome is recorded again with the same expected version, with
   backoff, for up to `record_for` seconds; the function is never called again. Still
   unrecorded: OutcomeNotRecorded (the value on `.value`); the operation stays submitted
@@ -24,6 +27,7 @@ import hashlib
 import inspect
 import math
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +42,8 @@ from ledger_client.receipt import Receipt
 OPERATIONS = "/api/v1/operations"
 RETRY_POLICIES = ("never", "if_absent_proven")
 MAX_KEY = 200
+# Pauses before sending the intent again after its answer was lost (same Request-Id).
+INTENT_RETRY_DELAYS = (0.1, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -217,6 +223,7 @@ class Ledger:
         approval_timeout: float | None = None,
         approval_note: str = "",
         account: str | Callable[..., str] | None = None,
+        wait: float | None = None,
     ):
         """Make a function's external side effect happen at most once per idempotency key,
         with `receipts.action`'s meaning, over the API.
@@ -243,13 +250,19 @@ class Ledger:
         with `approval_timeout` (seconds) the client asks for approval (`approval_note`)
         and waits: approved -> sent; denied -> ApprovalDenied; no decision in time ->
         ApprovalRequired.
+
+        `wait` (seconds, default none): a call that finds its key in flight asks again
+        every `.retry_after` s for up to `wait` s and gets the other caller's outcome (the
+        stored result, or its error, `receipt.replayed` true on the action's span), or,
+        once reconciliation proved the earlier attempt absent, sends it; still in flight
+        after `wait` s: InFlight.
         """
         spec = _Spec.declare(
             operation, target=target, key=key, rejections=rejections,
             external_id=external_id, tenant=tenant, retry_policy=retry_policy,
             redact=redact, fingerprint_fields=fingerprint_fields, keep=keep,
             in_flight_for=in_flight_for, approval_timeout=approval_timeout,
-            approval_note=approval_note, account=account,
+            approval_note=approval_note, account=account, wait=wait,
         )
 
         def decorate(fn):
@@ -296,9 +309,12 @@ class Ledger:
     def _lifecycle(self, spec: _Spec, prepared: _Prepared, span):
         body = {**prepared.body, "submit": True}
         ids = span.ids()  # the operation is linked to this span's trace
-        headers = {"traceparent": f"00-{ids[0]}-{ids[1]}-01"} if ids else None
+        headers = {"Request-Id": new_request_id()}
+        if ids:
+            headers["traceparent"] = f"00-{ids[0]}-{ids[1]}-01"
         try:
-            data = yield Request("POST", OPERATIONS, body, headers=headers)
+            data = yield from self._intent(Request("POST", OPERATIONS, body, headers=headers),
+                                           wait=spec.wait)
         except errors.ApprovalRequired as exc:
             if spec.approval_timeout is None or exc.operation is None:
                 raise
@@ -340,6 +356,27 @@ class Ledger:
                 "succeeded without its result; the value is on this error's .value",
                 operation=final, value=value)
         return value
+
+    def _intent(self, request: Request, *, wait: float | None = None):
+        """The intent request's answer; sent again with the same `Request-Id` after a lost
+        answer (a timeout, a dropped connection): a submission the lost one made is
+        answered again, so nothing is left looking sent that this call did not send.
+        `wait`: seconds to keep asking while another caller has the key in flight."""
+        lost = iter(INTENT_RETRY_DELAYS)
+        deadline = None if not wait else time.monotonic() + wait
+        while True:
+            try:
+                return (yield request)
+            except errors.LedgerUnavailable as exc:
+                delay = next(lost, None)
+                if delay is None or _never_reached(exc):
+                    raise
+            except errors.InFlight as exc:
+                remaining = 0.0 if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                delay = min(exc.retry_after, remaining)
+            yield _Sleep(delay)
 
     def _record(self, receipt: Receipt, outcome: str, payload: dict, *, value: Any = None):
         """Record the call's outcome, again and again with the same expected version until
@@ -597,11 +634,12 @@ class _Spec:
     approval_timeout: float | None
     approval_note: str
     account: Any = None
+    wait: float | None = None
 
     @classmethod
     def declare(cls, operation, *, target, key, rejections, external_id, tenant,
                 retry_policy, redact, fingerprint_fields, keep, in_flight_for,
-                approval_timeout, approval_note, account=None) -> _Spec:
+                approval_timeout, approval_note, account=None, wait=None) -> _Spec:
         """Checked once, where the action is declared: a malformed one fails at import."""
         if not isinstance(operation, str) or not operation:
             raise errors.InvalidInput(f"expected an operation name, found {operation!r}")
@@ -629,6 +667,9 @@ class _Spec:
                                              or approval_timeout < 0):
             raise errors.InvalidInput(f"expected approval_timeout to be seconds or None, "
                                       f"found {approval_timeout!r}")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, int | float)
+                                 or not 0 <= wait < math.inf):
+            raise errors.InvalidInput(f"expected wait to be seconds or None, found {wait!r}")
         return cls(
             operation=operation, target=target, key=key, rejections=rejections,
             external_id=external_id, tenant=tenant, retry_policy=retry_policy,
@@ -637,7 +678,7 @@ class _Spec:
                                 else _paths(fingerprint_fields, "fingerprint_fields")),
             keep=None if keep is None else _paths(keep, "keep"),
             in_flight_seconds=in_flight_for, approval_timeout=approval_timeout,
-            approval_note=approval_note, account=account,
+            approval_note=approval_note, account=account, wait=wait,
         )
 
     def _value(self, name: str, value: Any, args, kwargs) -> str | None:
@@ -729,6 +770,19 @@ class _Spec:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _never_reached(exc: errors.LedgerUnavailable) -> bool:
+    """The request could not connect (the transport already tried again): it reached
+    nothing, so there is no lost answer to ask for."""
+    import httpx
+
+    return isinstance(exc.cause, httpx.ConnectError)
+
+
+def new_request_id() -> str:
+    """A `Request-Id` for one call's intent request: random, kept only by this call."""
+    return f"req-{secrets.token_urlsafe(24)}"
 
 
 def _settled(receipt: Receipt) -> Any:

@@ -126,6 +126,8 @@ export interface ActionOptions<A extends unknown[], R> {
   /** Seconds to wait for people's approval (null: ApprovalRequired at once). */
   approvalTimeout?: number | null;
   approvalNote?: string;
+  /** Seconds to wait for the outcome of a key another caller has in flight (default: none). */
+  wait?: number | null;
 }
 
 export interface Action<A extends unknown[], R> {
@@ -148,6 +150,12 @@ export declare class Ledger {
   ): Action<A, Awaited<R>>;
   step<T>(runId: string, stepId: string, fn: () => T): T;
   step<T>(runId: string, stepId: string, options: { fencingToken?: number | null }, fn: () => T): T;
+  record(operation: string, options: {
+    target: string; intent: Record<string, unknown>; idempotencyKey?: string | null;
+    tenant?: string | null; run?: string | null; step?: string | null; call?: string | null;
+    retryPolicy?: "never" | "if_absent_proven"; redact?: string[];
+    fingerprintFields?: string[] | null; keep?: string[] | null;
+  }): Promise<Receipt>;
   operation(operationId: string): Promise<Receipt>;
   retriesDue(options?: { operation?: string | null; tenant?: string | null }): Promise<Receipt[]>;
   resume(runId: string, options: { worker: string; ttlSeconds?: number | null; tenant?: string | null }): Promise<Receipt>;

@@ -4,15 +4,17 @@
 // One lifecycle is two requests: the intent and its submission together
 // (POST /api/v1/operations with submit: true), then the outcome.
 // When the ledger cannot be reached:
-// - before the call (intent or submission not acknowledged): the function is NOT called;
-//   LedgerUnavailable.
+// - before the call (intent or submission not acknowledged): the request carries a
+//   Request-Id of this call and is sent again a few times (INTENT_RETRY_DELAYS); a submission
+//   it made whose answer was lost is answered again (request_repeated), so the call is made
+//   once. Still unanswered: the function is NOT called; LedgerUnavailable.
 // - after the call: its outcome is recorded again with the same expected version, with
 //   backoff, for up to `recordFor` seconds; the function is never called again. Still
 //   unrecorded: OutcomeNotRecorded (the value on `.value`); the operation stays submitted
 //   and the ledger's sweep turns it into outcome_unknown, as for a crashed sender.
 
 import { AsyncLocalStorage } from "node:async_hooks";
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import * as errors from "./errors.js";
 import { Transport, sleep } from "./http.js";
 import { Receipt } from "./receipt.js";
@@ -24,6 +26,8 @@ export { Receipt } from "./receipt.js";
 const OPERATIONS = "/api/v1/operations";
 const RETRY_POLICIES = ["never", "if_absent_proven"];
 const MAX_KEY = 200;
+// ms before sending the intent again after its answer was lost (same Request-Id).
+const INTENT_RETRY_DELAYS = [100, 500, 1000];
 
 const scopes = new AsyncLocalStorage();
 
@@ -99,15 +103,41 @@ export class Ledger {
     return wrapper;
   }
 
+  // The intent request's answer; sent again with the same Request-Id after a lost answer (a
+  // timeout, a dropped connection): a submission the lost one made is answered again, so
+  // nothing is left looking sent that this call did not send. `wait`: seconds to keep
+  // asking while another caller has the key in flight.
+  async #intent(request, wait) {
+    const deadline = wait ? Date.now() + wait * 1000 : null;
+    for (let lost = 0; ; ) {
+      let delay;
+      try {
+        return await this.transport.send(request);
+      } catch (exc) {
+        if (exc instanceof errors.InFlight) {
+          const remaining = deadline === null ? 0 : deadline - Date.now();
+          if (remaining <= 0) throw exc;
+          delay = Math.min(exc.retryAfter * 1000, remaining);
+        } else if (exc instanceof errors.LedgerUnavailable && lost < INTENT_RETRY_DELAYS.length &&
+                   !exc.message.includes("could not connect")) {
+          delay = INTENT_RETRY_DELAYS[lost];
+          lost += 1;
+        } else {
+          throw exc;
+        }
+      }
+      await sleep(delay);
+    }
+  }
+
   async #lifecycle(spec, prepared, span, call) {
     const body = { ...prepared.body, submit: true };
     const traceparent = span.traceparent();
+    const headers = { "Request-Id": `req-${randomBytes(24).toString("base64url")}` };
+    if (traceparent) headers.traceparent = traceparent;
     let data;
     try {
-      data = await this.transport.send({
-        method: "POST", path: OPERATIONS, json: body,
-        headers: traceparent ? { traceparent } : undefined,
-      });
+      data = await this.#intent({ method: "POST", path: OPERATIONS, json: body, headers }, spec.wait);
     } catch (exc) {
       if (!(exc instanceof errors.ApprovalRequired) || spec.approvalTimeout === null || !exc.operation) {
         throw exc;
@@ -256,6 +286,29 @@ export class Ledger {
     return scopes.run({ runId, stepId, fencingToken, calls: new Map() }, fn);
   }
 
+  /** Record an intent without submitting it (the Python client's `record`): the planned
+   * operation, or the existing one of the same key and intent (`.replayed` true, its state as
+   * it stands: do not send unless it is planned or safe_to_retry). IdempotencyKeyReused for
+   * another intent. */
+  async record(operation, { target, intent, idempotencyKey = null, tenant = null, run = null,
+    step = null, call = null, retryPolicy = "if_absent_proven", redact = [],
+    fingerprintFields = null, keep = null } = {}) {
+    if (!intent || typeof intent !== "object" || Array.isArray(intent)) {
+      throw new errors.InvalidInput(`expected intent to be an object, found ${show(intent)}`);
+    }
+    if (!RETRY_POLICIES.includes(retryPolicy)) {
+      throw new errors.InvalidInput(`expected retryPolicy in ${show(RETRY_POLICIES)}, found ${show(retryPolicy)}`);
+    }
+    const body = { operation, target, intent, retry_policy: retryPolicy, redact: paths(redact, "redact") };
+    for (const [name, value] of [["idempotency_key", idempotencyKey], ["tenant", tenant ?? this.tenant],
+      ["run", run], ["step", step], ["call", call]]) {
+      if (value !== null && value !== undefined) body[name] = value;
+    }
+    if (fingerprintFields !== null) body.fingerprint_fields = paths(fingerprintFields, "fingerprintFields");
+    if (keep !== null) body.keep = paths(keep, "keep");
+    return new Receipt(await this.transport.send({ method: "POST", path: OPERATIONS, json: body }));
+  }
+
   /** The receipt with its events, evidence and approval status. */
   async operation(operationId) {
     return new Receipt(await this.transport.send({ method: "GET", path: `${OPERATIONS}/${operationId}` }));
@@ -331,7 +384,7 @@ function paths(value, name) {
 function declare(operation, options) {
   const { target, key = null, rejections = [], externalId = null, tenant = null,
     retryPolicy = "if_absent_proven", redact = [], fingerprintFields = null, keep = null,
-    inFlightFor = null, approvalTimeout = null, approvalNote = "", account = null } = options;
+    inFlightFor = null, approvalTimeout = null, approvalNote = "", account = null, wait = null } = options;
   if (typeof operation !== "string" || !operation) {
     throw new errors.InvalidInput(`expected an operation name, found ${show(operation)}`);
   }
@@ -357,8 +410,11 @@ function declare(operation, options) {
   if (approvalTimeout !== null && (typeof approvalTimeout !== "number" || !(approvalTimeout >= 0))) {
     throw new errors.InvalidInput(`expected approvalTimeout to be seconds or null, found ${show(approvalTimeout)}`);
   }
+  if (wait !== null && (typeof wait !== "number" || !(wait >= 0) || wait === Infinity)) {
+    throw new errors.InvalidInput(`expected wait to be seconds or null, found ${show(wait)}`);
+  }
   return {
-    operation, target, key, rejections, externalId, tenant, retryPolicy,
+    operation, target, key, rejections, externalId, tenant, retryPolicy, wait,
     redact: paths(redact, "redact"),
     fingerprintFields: fingerprintFields === null ? null : paths(fingerprintFields, "fingerprintFields"),
     keep: keep === null ? null : paths(keep, "keep"),

@@ -126,6 +126,67 @@ describe("the lifecycle", () => {
     assert.equal(send.count, 1);
   });
 
+  test("a lost answer to the intent is asked again with the same Request-Id: the call is made once", async () => {
+    const ids = [];
+    let dropped = 0;
+    const losing = async (url, init) => {
+      const response = await fetch(url, init);
+      if (init.method === "POST" && new URL(url).pathname === "/api/v1/operations") {
+        ids.push(init.headers["Request-Id"]);
+        if (dropped === 0) {
+          dropped += 1;
+          await response.text(); // it reached the ledger; its answer is lost on the way back
+          throw new TypeError("fetch failed", { cause: { code: "ECONNRESET", message: "socket hang up" } });
+        }
+      }
+      return response;
+    };
+    const send = calls(async (v) => ({ sent: v }));
+    const act = ledger({ fetch: losing }).action(unique("mail.send"), { target: "smtp://m", key: byValue }, send);
+    assert.deepEqual(await act("l1"), { sent: "l1" });
+    assert.deepEqual(await act("l1"), { sent: "l1" }); // the stored result
+    assert.equal(dropped, 1);
+    assert.equal(send.count, 1);
+    assert.ok(/^req-/.test(ids[0]) && ids[0] === ids[1] && ids[2] !== ids[0], ids.join(" "));
+  });
+
+  test("wait: a call that finds its key in flight gets the other caller's outcome, not sent again", async () => {
+    let release;
+    const gate = new Promise((ok) => { release = ok; });
+    const send = calls(async (v) => { await gate; return { sent: v }; });
+    const name = unique("pay.charge");
+    const first = ledger().action(name, { target: "https://psp", key: byValue }, send)("w1");
+    const patient = ledger().action(name, { target: "https://psp", key: byValue, wait: 30 }, send);
+    const hasty = ledger().action(name, { target: "https://psp", key: byValue, wait: 0.3 }, send);
+    while (send.count === 0) await new Promise((ok) => setTimeout(ok, 10));
+    await assert.rejects(hasty("w1"), (exc) => exc instanceof client.InFlight);
+    const waited = patient("w1");
+    setTimeout(release, 1500);
+    assert.deepEqual(await first, { sent: "w1" });
+    assert.deepEqual(await waited, { sent: "w1" });
+    assert.equal(send.count, 1);
+    assert.throws(() => ledger().action(name, { target: "t", key: byValue, wait: -1 }, send),
+      (exc) => exc instanceof client.InvalidInput && /wait/.test(exc.message));
+  });
+
+  test("record: an intent recorded without submitting; the same again is a replay; an action of the key sends it", async () => {
+    const name = unique("mail.send");
+    const first = await ledger().record(name, { target: "smtp://m", intent: { to: "r1" }, idempotencyKey: "r1" });
+    assert.equal(first.state, "planned");
+    assert.ok(!first.replayed);
+    const again = await ledger().record(name, { target: "smtp://m", intent: { to: "r1" }, idempotencyKey: "r1" });
+    assert.equal(again.operation_id, first.operation_id);
+    assert.equal(again.replayed, true);
+    await assert.rejects(ledger().record(name, { target: "smtp://m", intent: { to: "other" }, idempotencyKey: "r1" }),
+      (exc) => exc instanceof client.IdempotencyKeyReused);
+    await assert.rejects(ledger().record(name, { target: "smtp://m", intent: [1], idempotencyKey: "r2" }),
+      (exc) => exc instanceof client.InvalidInput);
+    const send = calls(async (intent) => ({ sent: intent.to }));
+    const act = ledger().action(name, { target: "smtp://m", key: (intent) => intent.to }, send);
+    assert.deepEqual(await act({ to: "r1" }), { sent: "r1" });
+    assert.equal(send.count, 1);
+  });
+
   test("a rejection is recorded, re-raised, and later calls are Rejected without calling", async () => {
     class Declined extends Error {}
     const send = calls(null, () => new Declined("card declined"));
