@@ -336,7 +336,8 @@ AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentioncha
                 "ledger_episode", "ledger_tenantaccesschange", "ledger_agentkeychange",
                 "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal",
                 "ledger_operationnote", "ledger_notificationchannelchange",
-                "ledger_deliveryattempt", "ledger_auditcheckpoint", "ledger_recordlink"]
+                "ledger_deliveryattempt", "ledger_auditcheckpoint", "ledger_recordlink",
+                "ledger_coveragereading"]
 
 
 def test_the_role_script_covers_every_append_only_table():
