@@ -174,3 +174,18 @@ from ledger.models import Operation
 result = {{"state": receipts.mark_submitted(Operation.objects.get(pk={op.pk})).state}}
 """)
     assert child == {"state": "submitted"}
+
+
+def test_the_record_link_covers_an_expiry_and_leaves_the_column_out_while_null():
+    """A fact with an expiry has it under its record link; one without has the content it
+    had before the column existed (the links of facts written before it still verify)."""
+    from ledger.models import RecordLink
+
+    lasting = facts.assert_fact("order:6", "status", "paid", source="billing")
+    expiring = facts.assert_fact("order:6", "carrier", "dhl", source="billing",
+                                 ttl=timedelta(hours=1))
+    links = {link.row_id: link.content for link in RecordLink.objects.filter(
+        source="fact", action="insert", row_id__in=[lasting.pk, expiring.pk])}
+    assert "expires_at" not in links[lasting.pk] and "run_id" in links[lasting.pk]
+    assert len(links[expiring.pk]["expires_at"]) == 64
+    assert set(links[expiring.pk]) - set(links[lasting.pk]) == {"expires_at"}
