@@ -322,8 +322,12 @@ def list_operations(request, filters: Query[OperationFilters]):
 def read_facts(request, subject: str = Query(..., min_length=1, max_length=500,
                                              pattern=NAME_PATTERN),
                tenant: str | None = Query(None, min_length=1, max_length=100,
-                                          pattern=NAME_PATTERN)):
-    return service.read_facts(request.auth, subject, tenant=tenant)
+                                          pattern=NAME_PATTERN),
+               include_expired: bool = Query(
+                   False, description="Also the current versions whose expiry has passed, "
+                   "marked expired: true (left out by default: not to be acted on)")):
+    return service.read_facts(request.auth, subject, tenant=tenant,
+                              include_expired=include_expired)
 
 
 @api.post("/facts", response={200: FactOut, **ERRORS},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Annotated, Any
 
 from asgiref.sync import sync_to_async
@@ -266,12 +267,17 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         name="state_read_facts",
         description="Read what is currently believed about a subject: the current version "
         "of each predicate, with its source and version. Read before you assert, and pass "
-        "that version as expected_version to change a value.",
+        "that version as expected_version to change a value. A fact whose expiry has "
+        "passed is left out (include_expired=true shows it, marked expired=true): read it "
+        "again from its source and assert it anew.",
     )
     async def state_read_facts(
-        ctx: Context, subject: Text, tenant: Tenant = None
+        ctx: Context, subject: Text, tenant: Tenant = None,
+        include_expired: Annotated[bool, Field(
+            default=False, description="Also expired facts, marked expired=true.")] = False,
     ) -> dict[str, Any]:
-        return {"facts": await _call(ctx, service.read_facts, subject, tenant=tenant)}
+        return {"facts": await _call(ctx, service.read_facts, subject, tenant=tenant,
+                                     include_expired=include_expired)}
 
     @server.tool(
         name="state_assert_fact",
@@ -279,7 +285,8 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         "current version as expected_version. A different value without the current "
         "version is NOT applied: it comes back with is_candidate=true and a conflict a "
         "person decides; keep working from the current value. The same value again "
-        "records nothing new.",
+        "records nothing new. expires_at or ttl_seconds: when the fact stops being current "
+        "(an action relying on it is then refused as a stale fact).",
     )
     async def state_assert_fact(
         ctx: Context,
@@ -292,10 +299,17 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
         tenant: Tenant = None,
         run: Annotated[str | None, Field(default=None, description="A run_id.")] = None,
         fencing_token: FencingToken = None,
+        expires_at: Annotated[datetime | None, Field(
+            default=None, description="When the fact stops being current (ISO 8601 with a "
+            "time zone); not with ttl_seconds.")] = None,
+        ttl_seconds: Annotated[float | None, Field(
+            default=None, gt=0, le=315360000,
+            description="Seconds from now until the fact stops being current.")] = None,
     ) -> dict[str, Any]:
         return await _call(ctx, service.assert_fact, subject=subject, predicate=predicate,
                            value=value, source=source, expected_version=expected_version,
-                           tenant=tenant, run=run, fencing_token=fencing_token)
+                           tenant=tenant, run=run, fencing_token=fencing_token,
+                           expires_at=expires_at, ttl_seconds=ttl_seconds)
 
     @server.tool(
         name="state_open_obligation",

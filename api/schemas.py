@@ -177,6 +177,12 @@ class FactIn(Schema):
     tenant: Name(100) | None = None
     run: Name(100) | None = None
     fencing_token: TokenNumber | None = _token()
+    expires_at: datetime | None = Field(
+        default=None, description="When the fact stops being current (ISO 8601 with a time "
+        "zone); not with ttl_seconds.")
+    ttl_seconds: Annotated[float, Field(gt=0, le=315360000), Number] | None = Field(
+        default=None, description="Seconds from now until the fact stops being current; "
+        "not with expires_at.")
 
 
 class RunIn(Schema):

@@ -321,8 +321,12 @@ def list_operations(
 # --- facts -------------------------------------------------------------------------------
 
 
-def read_facts(key: AgentKey, subject: str, *, tenant: str | None = None) -> list[dict]:
-    return [fact_dict(f) for f in facts.read_facts(subject, tenant=tenant_for(key, tenant))]
+def read_facts(key: AgentKey, subject: str, *, tenant: str | None = None,
+               include_expired: bool = False) -> list[dict]:
+    """Current, unexpired versions; with `include_expired`, expired ones too, marked
+    `expired: true`."""
+    return [fact_dict(f) for f in facts.read_facts(subject, tenant=tenant_for(key, tenant),
+                                                   include_expired=include_expired)]
 
 
 def assert_fact(
@@ -337,9 +341,12 @@ def assert_fact(
     tenant: str | None = None,
     run: str | None = None,
     fencing_token: int | None = None,
+    expires_at: datetime | None = None,
+    ttl_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The fact's source is always the key's name (with the agent's own `source` after a
-    slash), so an agent can neither speak for another nor for a reviewer."""
+    slash), so an agent can neither speak for another nor for a reviewer. `ttl_seconds`:
+    how long from now the fact stays current."""
     run_obj = run_of(key, run, tenant) if run is not None else None
     if run_obj is not None and tenant is None:
         tenant = run_obj.tenant
@@ -348,8 +355,22 @@ def assert_fact(
         subject, predicate, value, source=key.name + (f"/{source}" if source else ""),
         observed_at=observed_at, expected_version=expected_version,
         tenant=tenant_for(key, tenant), run=run_obj, fencing_token=fencing_token,
+        expires_at=expires_at, ttl=_seconds(ttl_seconds, "ttl_seconds"),
     )
     return fact_dict(fact)
+
+
+def _seconds(value: float | None, name: str) -> timedelta | None:
+    """Seconds as a timedelta (None stays None); InvalidInput for what is not a number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise InvalidInput(f"expected {name} to be a number of seconds, found {value!r}")
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise InvalidInput(f"expected {name} to be a number of seconds, found "
+                                  f"{value!r}") from None
 
 
 # --- runs and obligations ----------------------------------------------------------------

@@ -6,6 +6,17 @@ next version, and the old one stays readable. The same value again records nothi
 different value that does not name the current version (none, or a stale one) is kept as a
 candidate and opens a `FactConflict` for a person: never a silent overwrite.
 
+A version may carry an expiry (`expires_at`, or `ttl` from now): after it the version is
+no longer current for anyone acting on it. `read_facts` leaves it out, `require_current`
+raises StaleFact naming the expiry, and an action relying on it is not submitted (checked
+by PostgreSQL too, against the submitting transaction's now()). An expired version is
+contradicted by nothing: the next write supersedes it without naming it, and the same value
+written again renews it as a new version.
+
+A person corrects a fact on the desk (`correct_fact`): a new version written as that person
+(`reviewer:<username>`) supersedes the current one, and a FactDecision records who, why and
+what was corrected, under the tenant's chain.
+
 Concurrent writers are settled by PostgreSQL: superseding is a compare-and-set on the
 current row, first values and candidates are inserted with ON CONFLICT DO NOTHING against
 partial unique indexes, so the loser of a race sees the winner's row and no IntegrityError
@@ -61,6 +72,8 @@ def assert_fact(
     tenant: str = "default",
     run: Run | str | None = None,
     fencing_token: int | None = None,
+    expires_at: datetime | None = None,
+    ttl: timedelta | None = None,
 ) -> Fact:
     """Record that `subject` `predicate` is `value`, according to `source`.
 
@@ -74,6 +87,10 @@ def assert_fact(
     leased is refused too. Raises
     StaleFact when `expected_version` names a version of a key that has no fact yet, and
     InvalidInput (writing nothing) on bad input.
+
+    `expires_at` (an aware datetime ahead of now) or `ttl` (a positive timedelta from now,
+    not both): when the version stops being current (see the module's docstring). The
+    same value with another expiry is a new version (a renewal), not "nothing new".
     """
     _check_key(subject, predicate, tenant)
     source = check_identifier(scrub_text(source), "source", 500)
@@ -81,6 +98,7 @@ def assert_fact(
     check_fencing_token(fencing_token)
     check_version(expected_version)
     _check_observed_at(observed_at)
+    expires_at = _expiry(expires_at, ttl)
     check_json(value, what="value")
     value = redact(value)
     run_obj = runs.as_run(run, tenant=tenant) if run is not None else None
@@ -90,6 +108,7 @@ def assert_fact(
         tenant=tenant, subject=subject, predicate=predicate, value=value,
         value_fingerprint=fingerprint(value), source=source,
         observed_at=observed_at or timezone.now(), run=run_obj, fencing_token=fencing_token,
+        expires_at=expires_at,
     )
     with leases.refused_as_stale(), transaction.atomic(durable=True):
         if run_obj is not None:
@@ -98,6 +117,29 @@ def assert_fact(
             # PostgreSQL checks the token written with the fact too (`fact_fenced`).
             leases.check_run(run_obj.pk, fencing_token)
         return _write(new, expected_version)
+
+
+# The longest expiry a fact may be given (`ttl`, or `expires_at` from now).
+MAX_TTL = timedelta(days=3650)
+
+
+def _expiry(expires_at: datetime | None, ttl: timedelta | None) -> datetime | None:
+    """The expiry `expires_at` or `ttl` give (None: none), checked to be ahead of now."""
+    if expires_at is not None and ttl is not None:
+        raise InvalidInput(f"expected expires_at or ttl, not both, found expires_at="
+                           f"{expires_at!r} and ttl={ttl!r}")
+    now = timezone.now()
+    if ttl is not None:
+        if not isinstance(ttl, timedelta) or not timedelta(0) < ttl <= MAX_TTL:
+            raise InvalidInput(f"expected ttl to be a timedelta above 0 and at most {MAX_TTL}, "
+                               f"found {ttl!r}")
+        return now + ttl
+    check_aware(expires_at, "expires_at")
+    if expires_at is not None and not now < expires_at <= now + MAX_TTL:
+        raise InvalidInput(f"expected expires_at after the ledger's clock "
+                           f"({now.isoformat()}) and at most {MAX_TTL.days} days later, "
+                           f"found {expires_at.isoformat()}")
+    return expires_at
 
 
 def _check_observed_at(observed_at: datetime | None) -> None:
@@ -140,17 +182,32 @@ def _write(new: Fact, expected_version: int | None) -> Fact:
             return first
         # A concurrent writer recorded the first value before us: contest it below.
         current = fact_reads.current_fact(new.tenant, new.subject, new.predicate)
-    if current.value_fingerprint == new.value_fingerprint:
+    if _same(current, new):
         return current
-    if expected_version == current.version:
+    if expected_version == current.version or _free(current, new, expected_version):
         successor = _supersede(current, new)
         if successor is not None:
             return successor
         # Someone superseded the same version first: their version is the current one now.
         current = fact_reads.current_fact(new.tenant, new.subject, new.predicate)
-        if current.value_fingerprint == new.value_fingerprint:
+        if _same(current, new):
             return current
     return _keep_as_candidate(current, new)
+
+
+def _same(current: Fact, new: Fact) -> bool:
+    """Nothing new: the same value with the same expiry, and the current one unexpired."""
+    return (current.value_fingerprint == new.value_fingerprint
+            and current.expires_at == new.expires_at and not current.is_expired)
+
+
+def _free(current: Fact, new: Fact, expected_version: int | None) -> bool:
+    """Whether `new` supersedes `current` without naming its version: an expired version is
+    contradicted by nothing, and the same value again only renews its expiry. A stale
+    `expected_version` still keeps `new` as a candidate."""
+    if expected_version is not None:
+        return False
+    return current.is_expired or current.value_fingerprint == new.value_fingerprint
 
 
 def _next_id() -> int:
@@ -207,11 +264,15 @@ def _keep_as_candidate(current: Fact, new: Fact) -> Fact:
 
 
 @tracing.state_tool("state_read_facts", tracing.read_facts_attributes)
-def read_facts(subject: str, *, tenant: str = "default") -> list[Fact]:
+def read_facts(subject: str, *, tenant: str = "default",
+               include_expired: bool = False) -> list[Fact]:
     """The current version of every predicate of `subject`, by predicate. Never candidates
-    or superseded versions."""
+    or superseded versions, and no expired version unless `include_expired` (then
+    `fact.is_expired` tells them apart): what an agent acts on is only what is still true."""
     _check_key(subject, None, tenant)
-    return fact_reads.current_facts(subject, tenant=tenant)
+    if not isinstance(include_expired, bool):
+        raise InvalidInput(f"expected include_expired to be a bool, found {include_expired!r}")
+    return fact_reads.current_facts(subject, tenant=tenant, include_expired=include_expired)
 
 
 def read_fact(subject: str, predicate: str, *, tenant: str = "default") -> Fact | None:
@@ -235,11 +296,19 @@ def open_conflicts(*, tenants=None) -> QuerySet[FactConflict]:
 
 
 def require_current(fact: Fact) -> Fact:
-    """`fact` read again, if it is still the current version; else StaleFact whose
-    `.current` is the current version (or None). Act on a fact only after this."""
+    """`fact` read again, if it is still the current version and unexpired; else StaleFact
+    whose `.current` is the current version (or None; the expired version itself when it
+    expired). Act on a fact only after this."""
     if not isinstance(fact, Fact) or fact.pk is None:
         raise InvalidInput(f"expected a saved Fact, found {fact!r}")
     fresh = Fact.objects.filter(pk=fact.pk).first()
+    if fresh is not None and fresh.is_current and fresh.is_expired:
+        raise StaleFact(
+            f"expected version {fresh.version} of {fact.subject} {fact.predicate} to be "
+            f"current, found it expired at {fresh.expires_at.isoformat()}; read it again "
+            "from its source and assert it anew",
+            current=fresh,
+        )
     if fresh is not None and fresh.is_current:
         return fresh
     current = fact_reads.current_fact(fact.tenant, fact.subject, fact.predicate)
@@ -344,5 +413,60 @@ def _write_decision(conflict, chosen: Fact, username: str, expected_version) -> 
             f"current to decide conflict {conflict.pk}, found version {current.version} from "
             f"{current.source}; decide again against the current value",
             current=current,
+        )
+    return successor
+
+
+def correct_fact(
+    fact: Fact,
+    *,
+    value: Any,
+    user,
+    reason: str,
+    expires_at: datetime | None = None,
+) -> Fact:
+    """A person corrects `fact` (the version they saw): `value` becomes its next version,
+    written as them (source `reviewer:<username>`), superseding the agent's version, with a
+    FactDecision recording who, why, and which version was corrected (under the tenant's
+    "fact_decisions" chain; the versions are under the record links like every fact).
+
+    `fact` must still be the current version (expired or not): if it moved on since, StaleFact
+    carries the current version and nothing is written. The same value and expiry again is
+    refused (InvalidInput): a correction changes something. Needs
+    `ledger.resolve_factconflict` and a grant for the fact's tenant (PostgreSQL holds the
+    FactDecision to both, from the desk's role). `expires_at`: the corrected version's
+    expiry (None: none).
+    """
+    if not isinstance(fact, Fact) or fact.pk is None or not fact.version:
+        raise InvalidInput(f"expected a saved Fact version, found {fact!r}")
+    reason = scrub_text(check_reason(reason))
+    access.require_perm(user, "ledger.resolve_factconflict", doing="correct facts")
+    access.require_tenant(user, fact.tenant)
+    expires_at = _expiry(expires_at, None)
+    check_json(value, what="value")
+    value = redact(value)
+    username = user.get_username()
+    new = Fact(
+        tenant=fact.tenant, subject=fact.subject, predicate=fact.predicate, value=value,
+        value_fingerprint=fingerprint(value), source=f"{REVIEWER_SOURCE_PREFIX}{username}",
+        observed_at=timezone.now(), expires_at=expires_at,
+    )
+    if new.value_fingerprint == fact.value_fingerprint and expires_at == fact.expires_at:
+        raise InvalidInput(f"expected a correction of {fact.subject} {fact.predicate} version "
+                           f"{fact.version} to change its value or expiry, found both the same")
+    with transaction.atomic(durable=True):
+        successor = _supersede(fact, new)
+        if successor is None:
+            current = fact_reads.current_fact(fact.tenant, fact.subject, fact.predicate)
+            raise StaleFact(
+                f"expected version {fact.version} of {fact.subject} {fact.predicate} to be "
+                f"current to correct it, found version {current.version} from "
+                f"{current.source}; correct the current value",
+                current=current,
+            )
+        # Written unsealed: the sealer links it into the tenant's chain (ledger.chain.seal).
+        FactDecision.objects.create(
+            tenant=fact.tenant, conflict=None, chosen=fact, written=successor, user=user,
+            username=username, reason=reason, created_at=timezone.now(),
         )
     return successor

@@ -375,10 +375,11 @@ def _relied_on(relies_on: Any, tenant: str) -> list[int]:
 
 
 def _first_stale(ids: list[int]) -> Fact | None:
-    """The first of the fact versions `ids` that is no longer current (or None)."""
+    """The first of the fact versions `ids` that is no longer current or has expired (or
+    None)."""
     if not ids:
         return None
-    current = set(Fact.objects.filter(pk__in=ids, status=FactStatus.CURRENT)
+    current = set(Fact.objects.filter(pk__in=ids, status=FactStatus.CURRENT).unexpired()
                   .values_list("pk", flat=True))
     missing = sorted(set(ids) - current)
     if not missing:
@@ -465,7 +466,8 @@ def mark_submitted(
     """planned -> submitted, or safe_to_retry -> submitted as attempt + 1 (same key).
 
     StaleFact (`.current`) once a fact version the operation relies on (`record_intent(
-    relies_on=)`) is superseded: it was planned on what is no longer true; nothing written.
+    relies_on=)`) is superseded or has expired: it was planned on what is no longer true;
+    nothing written.
     DependencyNotMet (`.missing`) while a step the operation's step depends on is not
     committed: no effect of `ship` before `charge` is done. On a leased run,
     StaleFencingToken unless `fencing_token` is the lease's current token (so for every

@@ -263,8 +263,8 @@ class Resume:
     (subject, predicate) the run wrote, with provenance (`Fact.provenance`);
     `open_conflicts` the conflicts its own writes opened and a person has not decided;
     `blocked_by_stale_facts` the open operations not yet sent (planned, safe_to_retry)
-    that rely on a fact version since superseded (`record_intent(relies_on=)`): they will
-    not be sent as planned; re-read the facts and plan again.
+    that rely on a fact version since superseded or expired (`record_intent(relies_on=)`):
+    they will not be sent as planned; re-read the facts and plan again.
     """
 
     run: Run
@@ -332,7 +332,8 @@ def _view(run: Run, token: int | None, holder: str | None) -> Resume:
         blocked_by_stale_facts=tuple(
             op for op in records.operations
             if op.state in states.SENDABLE
-            and any(f.status != FactStatus.CURRENT for f in relied_on.get(op.pk, ()))),
+            and any(f.status != FactStatus.CURRENT or f.is_expired
+                    for f in relied_on.get(op.pk, ()))),
         approvals={op.pk: gate(op) for op in records.operations
                    if op.state == State.PLANNED},
         relied_on=relied_on,

@@ -249,6 +249,10 @@ class FactOut(BaseModel):
     run_id: str | None
     is_candidate: bool
     conflict_id: int | None
+    # When the version stops being current (None: never), and whether it has: an expired
+    # version is no longer something to act on (an action relying on it is not submitted).
+    expires_at: str | None = None
+    expired: bool = False
 
 
 def fact(fact: Fact) -> dict[str, Any]:
@@ -267,6 +271,8 @@ def fact(fact: Fact) -> dict[str, Any]:
         "run_id": fact.run.run_id if fact.run_id else None,
         "is_candidate": fact.is_candidate,
         "conflict_id": conflict.pk if conflict is not None else None,
+        "expires_at": iso(fact.expires_at) if fact.expires_at else None,
+        "expired": fact.is_expired,
     }
 
 
@@ -432,10 +438,15 @@ class HandOffFact(BaseModel):
     observed_at: str
     recorded_at: str
     run_id: str | None
+    # Kept in the hand-off once expired, marked: the successor learns what the run knew
+    # and that it must be read again from its source before anything relies on it.
+    expires_at: str | None = None
+    expired: bool = False
 
 
 def hand_off_fact(fact: Fact) -> dict[str, Any]:
-    """A current fact the run wrote, with provenance. Reads `fact.run` when set."""
+    """A current fact the run wrote, with provenance, expired or not (`expired`). Reads
+    `fact.run` when set."""
     return {
         "subject": fact.subject,
         "predicate": fact.predicate,
@@ -445,6 +456,8 @@ def hand_off_fact(fact: Fact) -> dict[str, Any]:
         "observed_at": iso(fact.observed_at),
         "recorded_at": iso(fact.created_at),
         "run_id": fact.run.run_id if fact.run_id else None,
+        "expires_at": iso(fact.expires_at) if fact.expires_at else None,
+        "expired": fact.is_expired,
     }
 
 
@@ -477,7 +490,7 @@ class ResumeOut(BaseModel):
     open_conflicts: list[HandOffConflict]
     blocked_by_stale_facts: list[HandOffOperation] = Field(
         description="Open operations not yet sent that rely on a fact version since "
-        "superseded: re-read the facts and plan again.")
+        "superseded or expired: re-read the facts and plan again.")
 
 
 def hand_off(view) -> dict[str, Any]:

@@ -30,3 +30,23 @@ class ConflictDecisionForm(forms.Form):
         error_messages={"required": "A reason is required for every decision."},
     )
     expected_version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class FactCorrectionForm(forms.Form):
+    """A person's correction of a fact: the new value (JSON), why, and the version the page
+    was rendered against (`facts.correct_fact` refuses if the fact moved on since)."""
+
+    value = forms.JSONField(
+        widget=forms.Textarea(attrs={"rows": 4, "placeholder": '{"paid": true}'}),
+        error_messages={"required": "The corrected value is required (JSON).",
+                        "invalid": "Enter the corrected value as JSON, e.g. \"paid\" or "
+                                   "{\"paid\": true}."},
+    )
+    reason = forms.CharField(
+        max_length=2000, strip=True,
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "Why is this the value? "
+                                                               "(required)"}),
+        error_messages={"required": "A reason is required for every correction."},
+    )
+    expires_at = forms.DateTimeField(required=False)
+    version = forms.IntegerField(min_value=1, widget=forms.HiddenInput)

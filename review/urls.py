@@ -47,6 +47,8 @@ urlpatterns += [
     path("conflicts/<int:conflict_id>/", views_execution.conflict_detail, name="conflict"),
     path("conflicts/<int:conflict_id>/resolve/", views_execution.resolve_conflict,
          name="resolve_conflict"),
+    path("facts/<int:fact_id>/", views_execution.fact_detail, name="fact"),
+    path("facts/<int:fact_id>/correct/", views_execution.correct_fact, name="correct_fact"),
     path("obligations/overdue/", views_execution.overdue, name="overdue"),
     path("coverage/", views_execution.coverage, name="coverage"),
     path("runs/<path:run_id>/", views_execution.run_detail, name="run"),

@@ -1,8 +1,9 @@
-"""The desk's execution-state pages: fact conflicts, overdue obligations, one run.
+"""The desk's execution-state pages: fact conflicts, one fact, overdue obligations, one run.
 
 Thin, like `review.views`: objects are fetched through `ledger.selectors.access_*` (another
-tenant's conflict or run is a 404, by `review.http.ledger_errors`), and every decision goes
-through `ledger.facts.resolve_conflict`, which checks the permission and the tenant again.
+tenant's conflict, fact or run is a 404, by `review.http.ledger_errors`), and every decision
+goes through `ledger.facts.resolve_conflict` or `ledger.facts.correct_fact`, which check the
+permission and the tenant again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from ledger import coverage as ledger_coverage
 from ledger import errors, facts, selectors
 from ledger.canonical import scrub_text
 from ledger.models import FactConflict
-from review.forms_execution import SIDES, ConflictDecisionForm, ExecutionListForm
+from review.forms_execution import (
+    SIDES,
+    ConflictDecisionForm,
+    ExecutionListForm,
+    FactCorrectionForm,
+)
 from review.http import ledger_errors
 from review.views import _render
 
@@ -116,6 +122,58 @@ def resolve_conflict(request, conflict_id: int):
     if request.htmx:
         return _conflict(request, conflict_id)
     return redirect(reverse("review:conflict", args=[conflict_id]))
+
+
+@require_GET
+@view_conflicts_required
+@ledger_errors
+def fact_detail(request, fact_id: int):
+    return _fact(request, fact_id)
+
+
+def _fact(request, fact_id: int, *, form: FactCorrectionForm | None = None,
+          status: int = 200):
+    detail = selectors.fact_detail(request.user, fact_id)
+    if form is None and detail.can_correct:
+        current = detail.current
+        form = FactCorrectionForm(initial={"version": current.version,
+                                           "value": current.value})
+    context = {"detail": detail, "fact": detail.fact, "form": form}
+    return _render(request, "review/fact.html", "correction", context, status=status)
+
+
+@require_POST
+@resolve_conflict_required
+@ledger_errors
+def correct_fact(request, fact_id: int):
+    """"Correct this fact": a new version written as the person, with the reason;
+    POST/redirect/GET, or the fresh correction fragment for htmx."""
+    fact = selectors.access_fact(request.user, fact_id)
+    form = FactCorrectionForm(request.POST)
+    if not form.is_valid():
+        return _fact(request, fact_id, form=form, status=422)
+    data = form.cleaned_data
+    seen = facts.history(fact.subject, fact.predicate, tenant=fact.tenant)
+    version = next((f for f in seen if f.version == data["version"]), None)
+    try:
+        if version is None:
+            raise errors.InvalidInput(f"expected version {data['version']} of "
+                                      f"{fact.subject} {fact.predicate}, found none")
+        written = facts.correct_fact(version, value=data["value"], user=request.user,
+                                     reason=data["reason"], expires_at=data["expires_at"])
+    except errors.StaleFact as exc:
+        messages.warning(request, moved_on_message(exc))
+    except errors.InvalidInput as exc:
+        messages.error(request, f"Nothing recorded: {exc}")
+    else:
+        messages.success(
+            request, f"Recorded: {fact.subject} {fact.predicate} corrected by "
+            f"{request.user.get_username()}; it is now version {written.version}."
+        )
+        fact_id = written.pk
+    if request.htmx:
+        return _fact(request, fact_id)
+    return redirect(reverse("review:fact", args=[fact_id]))
 
 
 def decided_first_message(exc: errors.StaleVersion) -> str:

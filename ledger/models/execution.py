@@ -15,6 +15,7 @@ import pgtrigger
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from ledger.chain_content import sealed_once_sql, written_unsealed_sql
 from ledger.models.coordination import RUN_LEASE, run_addition_fence_sql, run_fence_sql
@@ -266,6 +267,12 @@ class FactQuerySet(models.QuerySet):
     def current(self):
         return self.filter(status=FactStatus.CURRENT)
 
+    def unexpired(self, now=None):
+        """Versions without an expiry or whose expiry is still ahead (the database clock
+        unless `now`)."""
+        return self.filter(models.Q(expires_at__isnull=True)
+                           | models.Q(expires_at__gt=now if now is not None else Now()))
+
     def for_tenants(self, tenants):
         """`tenants` None means every tenant (superusers)."""
         return self if tenants is None else self.filter(tenant__in=tenants)
@@ -301,6 +308,9 @@ class Fact(models.Model):
     # The run lease's token it was recorded under (None: no run, or a run never leased).
     fencing_token = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # After it the version is no longer current: reads leave it out, and an action relying
+    # on it is not submitted (operation_submit_on_current_facts). None: it does not expire.
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     objects = FactQuerySet.as_manager()
 
@@ -390,6 +400,11 @@ class Fact(models.Model):
         return self.status == FactStatus.CANDIDATE
 
     @property
+    def is_expired(self) -> bool:
+        """Whether its expiry has passed (by this process's clock)."""
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
     def key(self) -> tuple[str, str, str]:
         return (self.tenant, self.subject, self.predicate)
 
@@ -475,10 +490,13 @@ class FactConflict(models.Model):
 
 
 class FactDecision(models.Model):
-    """A person's decision on a fact conflict. Append-only: the audit trail of facts."""
+    """A person's decision on a fact: on a conflict (`conflict`, `chosen` the side chosen), or
+    a correction (`conflict` None, `chosen` the version corrected, `written` the person's
+    value superseding it). Append-only: the audit trail of facts."""
 
     tenant = models.CharField(max_length=100)
-    conflict = models.ForeignKey(FactConflict, on_delete=models.PROTECT, related_name="decisions")
+    conflict = models.ForeignKey(FactConflict, null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="decisions")
     chosen = models.ForeignKey(Fact, on_delete=models.PROTECT, related_name="+")
     written = models.ForeignKey(Fact, on_delete=models.PROTECT, related_name="+")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
@@ -510,6 +528,8 @@ class FactDecision(models.Model):
         ]
 
     def __str__(self):
+        if self.conflict_id is None:
+            return f"{self.username} corrected {self.chosen_id} with {self.written_id}"
         return f"{self.username} chose {self.chosen_id} for conflict {self.conflict_id}"
 
 

@@ -92,7 +92,8 @@ _SUBMIT_AFTER_DEPENDENCIES = f"""
 
 # An action bound to the facts it was planned on (`record_intent(relies_on=)`) is submitted
 # (from planned, or again from safe_to_retry) only while each of those fact versions is
-# still current, and the versions it relies on never change after the receipt is written.
+# still current and unexpired (its `expires_at`, if any, after the submitting transaction's
+# now()), and the versions it relies on never change after the receipt is written.
 # The hint names the refusal for ledger.transitions, which raises StaleFact; the detail is
 # the id of the first stale version.
 STALE_FACT_HINT = "stale_fact"
@@ -104,14 +105,18 @@ _SUBMIT_ON_CURRENT_FACTS = f"""
                              OLD.relies_on, NEW.relies_on);
     END IF;
     SELECT string_agg(COALESCE(f.subject || ' ' || f.predicate || ' version '
-                               || COALESCE(f.version::text, '(candidate)') || ' ' || f.status,
+                               || COALESCE(f.version::text, '(candidate)') || ' ' || f.status
+                               || CASE WHEN f.expires_at <= now() THEN ', expired at '
+                                       || to_char(f.expires_at AT TIME ZONE 'UTC',
+                                                  'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+                                  ELSE '' END,
                                'fact ' || r.id_text || ' (gone)'), ', '
                       ORDER BY r.id_text::bigint),
            min(r.id_text::bigint)::text
       INTO stale, stale_id
       FROM jsonb_array_elements_text(NEW.relies_on) AS r(id_text)
       LEFT JOIN ledger_fact f ON f.id = r.id_text::bigint
-     WHERE f.id IS NULL OR f.status <> 'current';
+     WHERE f.id IS NULL OR f.status <> 'current' OR f.expires_at <= now();
     IF stale IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
             MESSAGE = format('expected every fact version operation %s (%s) relies on to be '

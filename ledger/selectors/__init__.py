@@ -49,10 +49,13 @@ from ledger.selectors.audit import (
 from ledger.selectors.base import capped_count, fetch_one, lookup_id, visible
 from ledger.selectors.facts import (
     ConflictDetail,
+    FactDetail,
     access_conflict,
+    access_fact,
     conflict_detail,
     conflict_page,
     conflicts_for,
+    fact_detail,
     fact_version,
     visible_conflicts,
 )
@@ -104,6 +107,7 @@ from ledger.selectors.saved_views import access_saved_view, saved_views_for
 __all__ = [
     "CONFLICTING", "CONFLICT_COUNT_CAP", "EXECUTION_COUNT_CAP", "MAX_PAGE_SIZE",
     "QUEUE_STATES", "AuditFilters", "ConflictDetail", "ExecutionCounts", "HeadStatus",
+    "FactDetail", "access_fact", "fact_detail",
     "OperationDetail", "Page", "QueueFilters", "QueuePage", "RunDetail", "RunRecords",
     "VisibleAuditStatus", "access_conflict", "access_operation", "access_policy",
     "access_state_policy",

@@ -13,7 +13,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 
 from ledger import access
 from ledger.errors import NotFound
-from ledger.models import Fact, FactConflict, Run
+from ledger.models import Fact, FactConflict, FactDecision, Run
 from ledger.selectors.base import fetch_one, visible
 from ledger.selectors.pagination import Page, keyset_page
 
@@ -29,13 +29,14 @@ def current_fact(tenant: str, subject: str, predicate: str) -> Fact | None:
     )
 
 
-def current_facts(subject: str, *, tenant: str = "default") -> list[Fact]:
+def current_facts(subject: str, *, tenant: str = "default",
+                  include_expired: bool = False) -> list[Fact]:
     """The current version of every predicate of `subject`, by predicate. Never candidates
-    or superseded versions."""
-    return list(
-        Fact.objects.current().filter(tenant=tenant, subject=subject)
-        .select_related("run").order_by("predicate")
-    )
+    or superseded versions; expired versions only with `include_expired`."""
+    rows = Fact.objects.current().filter(tenant=tenant, subject=subject)
+    if not include_expired:
+        rows = rows.unexpired()
+    return list(rows.select_related("run").order_by("predicate"))
 
 
 def history(subject: str, predicate: str, *, tenant: str = "default") -> list[Fact]:
@@ -56,6 +57,42 @@ def facts_of_run(run: Run) -> list[Fact]:
         Fact.objects.current().filter(tenant=run.tenant).filter(Exists(touched))
         .select_related("run").order_by("subject", "predicate")
     )
+
+
+@dataclass
+class FactDetail:
+    """A fact version, every version and candidate of its (subject, predicate), the people's
+    decisions on them (conflicts decided, corrections), and whether `user` may correct it."""
+
+    fact: Fact
+    history: list[Fact]
+    decisions: list
+    can_correct: bool
+
+    @property
+    def current(self) -> Fact | None:
+        return next((f for f in self.history if f.is_current), None)
+
+
+def access_fact(user, fact_id: int) -> Fact:
+    """The fact version `fact_id` if `user` may see its tenant; errors.NotFound otherwise."""
+    return fetch_one(visible(user, Fact).select_related("run"), f"fact {fact_id!r}",
+                     pk=fact_id)
+
+
+def fact_detail(user, fact_id: int) -> FactDetail:
+    """Everything the fact page shows; errors.NotFound for another tenant's fact.
+    `can_correct`: the key has a current version and `user` holds
+    `ledger.resolve_factconflict` (`facts.correct_fact` checks it again, with the grant)."""
+    fact = access_fact(user, fact_id)
+    versions = history(fact.subject, fact.predicate, tenant=fact.tenant)
+    decisions = list(
+        FactDecision.objects.filter(written__in=[f.pk for f in versions if f.version])
+        .select_related("written", "chosen").order_by("created_at", "id"))
+    can_correct = (any(f.is_current for f in versions)
+                   and user.has_perm("ledger.resolve_factconflict"))
+    return FactDetail(fact=fact, history=versions, decisions=decisions,
+                      can_correct=can_correct)
 
 
 # --- conflicts ---------------------------------------------------------------------------
