@@ -331,7 +331,7 @@ class Gateway:
             client = await self._upstream()
             try:
                 result = await self._guard(client, client.call_tool(
-                    params.name, arguments, progress_callback=_progress_relay(ctx)))
+                    params.name, arguments, progress_callback=_progress_relay(ctx, params)))
             except InputRequiredRoundsExceededError:
                 return tool_error(input_not_relayed(params.name))
             except RuntimeError as exc:  # the SDK's check of the tool's output schema
@@ -379,7 +379,8 @@ class Gateway:
             if step == _ANSWER:
                 return op
             if step == _SEND:
-                return await self._send(tool, op, arguments, _progress_relay(ctx))
+                return await self._send(tool, op, arguments,
+                                        _progress_relay(ctx, params))
             if step == _SETTLED:
                 return await self._settled(tool, op)
             # _APPROVAL: a person must approve before it is sent.
@@ -868,11 +869,16 @@ def _relayed(result):
     return result
 
 
-def _progress_relay(ctx):
+def _progress_relay(ctx, params):
     """The callback that relays an upstream's progress on a forwarded call to the gateway's
-    own caller (a no-op when that caller asked for none; none without a request session)."""
-    session = getattr(ctx, "session", None)
-    report = getattr(session, "report_progress", None)
+    own caller; None (the upstream is not asked for progress) when that caller asked for
+    none (no `progressToken` in its request's `_meta`)."""
+    meta = params.meta
+    if meta is not None and not isinstance(meta, dict):
+        meta = meta.model_dump(by_alias=True)
+    if not meta or (meta.get("progressToken", meta.get("progress_token")) is None):
+        return None
+    report = getattr(getattr(ctx, "session", None), "report_progress", None)
     if report is None:
         return None
 
