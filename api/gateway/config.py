@@ -34,6 +34,9 @@ REPEAT_ASK = "ask"
 # The `_meta` entry an MCP client sets to name its own idempotency key for one tool call.
 META_KEY = "agent-ledger/idempotency-key"
 
+# `[upstream] protocol`: how the gateway's client negotiates with the upstream.
+UPSTREAM_PROTOCOLS = ("auto", "2026-07-28", "legacy")
+
 ON_ERROR_REJECTED = "rejected"
 ON_ERROR_UNKNOWN = "unknown"
 
@@ -60,6 +63,10 @@ class Upstream:
     cwd: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     connect_timeout: float = 30.0
+    # The MCP protocol spoken to the upstream: "auto" (try 2026-07-28's server/discover,
+    # fall back to the initialize handshake of 2025-11-25 and older, as the SDK does),
+    # "2026-07-28" (no probe), or "legacy" (the handshake only).
+    protocol: str = "auto"
 
     def describe(self) -> str:
         return self.url or " ".join(self.command)
@@ -203,7 +210,7 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
 
 
 def _upstream(t: _Table, base: Path | None) -> Upstream:
-    t.only({"command", "url", "env", "cwd", "headers", "connect_timeout"})
+    t.only({"command", "url", "env", "cwd", "headers", "connect_timeout", "protocol"})
     command = t.get("command", list, None)
     url = t.get("url", str, None)
     if (command is None) == (url is None):
@@ -220,11 +227,15 @@ def _upstream(t: _Table, base: Path | None) -> Upstream:
         for k, v in mapping.items():
             if not isinstance(v, str):
                 t.fail(f"{key_name}.{k}", "a string", type(v).__name__)
+    protocol = t.get("protocol", str, "auto")
+    if protocol not in UPSTREAM_PROTOCOLS:
+        t.fail("protocol", f"one of {list(UPSTREAM_PROTOCOLS)}", repr(protocol))
     cwd = t.get("cwd", str, None)
     if cwd is not None and base is not None and not Path(cwd).is_absolute():
         cwd = str(base / cwd)
     return Upstream(command=tuple(command or ()), url=url or "", env=env, cwd=cwd,
-                    headers=headers, connect_timeout=_seconds(t, "connect_timeout", 30.0))
+                    headers=headers, connect_timeout=_seconds(t, "connect_timeout", 30.0),
+                    protocol=protocol)
 
 
 def _tool(name: str, t: _Table, gateway_name: str) -> Tool:

@@ -49,6 +49,7 @@ from django.db import close_old_connections, connection
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
+from mcp import InputRequiredRoundsExceededError
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
@@ -210,9 +211,10 @@ class Gateway:
 
     def streamable_http_app(self, *, path: str = "/mcp", allowed_hosts=("127.0.0.1",
                                                                           "localhost")):
-        """An ASGI app serving the gateway at `path` over Streamable HTTP (stateful: each
-        client gets an Mcp-Session-Id, which default keys are scoped to), behind the same
-        bearer agent keys as the ledger's own /mcp. Its lifespan opens the upstream."""
+        """An ASGI app serving the gateway at `path` over Streamable HTTP, behind the same
+        bearer agent keys as the ledger's own /mcp: a handshake-era client gets an
+        Mcp-Session-Id (shown on the desk, not part of any key), a 2026-07-28 client sends
+        each request on its own, with no session. Its lifespan opens the upstream."""
         from mcp.server.transport_security import TransportSecuritySettings
 
         from api.mcp import BearerKeyASGI
@@ -307,7 +309,7 @@ class Gateway:
     async def _guard(self, client, awaitable):
         """Await a forwarded request; a closed connection reopens the upstream."""
         try:
-            return await awaitable
+            return _relayed(await awaitable)
         except MCPError as exc:
             if exc.error.code == types.CONNECTION_CLOSED:
                 self.link.broken(client)
@@ -328,7 +330,10 @@ class Gateway:
             await self._authorized(ctx)
             client = await self._upstream()
             try:
-                result = await self._guard(client, client.call_tool(params.name, arguments))
+                result = await self._guard(client, client.call_tool(
+                    params.name, arguments, progress_callback=_progress_relay(ctx, params)))
+            except InputRequiredRoundsExceededError:
+                return tool_error(input_not_relayed(params.name))
             except RuntimeError as exc:  # the SDK's check of the tool's output schema
                 return tool_error(f"The upstream's result of {params.name} broke the output "
                                   f"schema it declares: {exc}")
@@ -374,7 +379,8 @@ class Gateway:
             if step == _ANSWER:
                 return op
             if step == _SEND:
-                return await self._send(tool, op, arguments)
+                return await self._send(tool, op, arguments,
+                                        _progress_relay(ctx, params))
             if step == _SETTLED:
                 return await self._settled(tool, op)
             # _APPROVAL: a person must approve before it is sent.
@@ -394,14 +400,16 @@ class Gateway:
         try:
             check_json(arguments, what="arguments")
             explicit = self._explicit_key(tool, arguments, meta)
+            protocol = str(getattr(ctx, "protocol_version", "") or "")[:20]
             if explicit is not None:
-                op = self._record(key, tenant, tool, arguments, session, explicit)
+                op = self._record(key, tenant, tool, arguments, session, explicit,
+                                  protocol=protocol)
             else:
                 found = self._default_key(key, tenant, tool, arguments)
                 if isinstance(found, types.CallToolResult):
                     return _ANSWER, found
                 op = self._record(key, tenant, tool, arguments, session, found[0],
-                                  default=found[1])
+                                  default=found[1], protocol=protocol)
         except ApprovalRequired as exc:
             op = exc.recorded_operation
             op._gateway_actor = key.name
@@ -431,11 +439,11 @@ class Gateway:
 
     def _record(self, key: AgentKey, tenant: str, tool: cfg.Tool, arguments,
                 session: str | None, idempotency_key: str,
-                default: dict[str, Any] | None = None) -> Operation:
+                default: dict[str, Any] | None = None, protocol: str = "") -> Operation:
         """The receipt of the call, recorded and, when new (or planned, or safe to retry),
         marked submitted in the same commit (`record_intent(submit=True)`): `submitted_now`
         says this call is to send it."""
-        intent = self._intent(key, tool, arguments, session, default)
+        intent = self._intent(key, tool, arguments, session, default, protocol)
         op = receipts.record_intent(
             tool.operation, tool.target, intent, tenant=tenant,
             idempotency_key=idempotency_key, fingerprint_fields=_fields(default),
@@ -446,16 +454,22 @@ class Gateway:
         return op
 
     def _intent(self, key: AgentKey, tool: cfg.Tool, arguments, session: str | None,
-                default: dict[str, Any] | None) -> dict[str, Any]:
+                default: dict[str, Any] | None, protocol: str = "") -> dict[str, Any]:
         """What is recorded: the tool, its arguments (or only `keep`), and where the call
         came from. The MCP session is named so the desk can show it: on stdio the gateway's
         own id of its one client; over HTTP a digest of the Mcp-Session-Id (the id itself
-        lets its holder speak in that session, so it is not stored). The caller (the agent
-        key), the digests of the resources the call changes and, under the default key, a
-        keyed digest of the whole call: the default key's look-ups."""
+        lets its holder speak in that session, so it is not stored); "" for a 2026-07-28
+        request, which belongs to no session. The protocol version the call came in. The
+        caller (the agent key: what identifies a caller with or without a session), the
+        digests of the resources the call changes and, under the default key, a keyed
+        digest of the whole call: the default key's look-ups. Only the tool, its arguments
+        and that digest are fingerprinted: the session and the protocol are not, so a
+        retry after a reconnect, in either protocol era, is the same intent."""
         stored = arguments if tool.keep is None else _kept(arguments, tool.keep)
         mcp = {"gateway": self.config.name, "connection": _label(session),
                "caller": key.name}
+        if protocol:
+            mcp["protocol"] = protocol
         resources = self._resources(tool, arguments)
         if resources:
             mcp["resources"] = resources
@@ -603,12 +617,13 @@ class Gateway:
                                    f"{self.config.name}, session {session}",
                           actor=getattr(op, "_gateway_actor", None))
 
-    async def _send(self, tool: cfg.Tool, op: Operation, arguments) -> types.CallToolResult:
+    async def _send(self, tool: cfg.Tool, op: Operation, arguments, progress=None
+                    ) -> types.CallToolResult:
         """Forward the submitted call and record how it ended; never retries. A reply that
         arrives after the call was settled (the sweep and a reconciler, or a person, moved
         it first) answers from the settled record, never with a protocol error."""
         try:
-            answer = await self._forward_call(tool, op, arguments)
+            answer = await self._forward_call(tool, op, arguments, progress)
         except _MovedOn as moved:
             answer = _late(moved.current, moved.reply)
         if answer.is_error or _size(answer) <= self.config.max_forward_bytes:
@@ -616,13 +631,14 @@ class Gateway:
         recorded = await _db(Operation.objects.get)(pk=op.pk)  # as its outcome left it
         return self._within_limit(tool.name, answer, recorded)
 
-    async def _forward_call(self, tool: cfg.Tool, op: Operation, arguments
+    async def _forward_call(self, tool: cfg.Tool, op: Operation, arguments, progress=None
                             ) -> types.CallToolResult:
         client = None
         try:
             client = await self.link.client(tool.timeout)
             result = await client.call_tool(tool.name, arguments,
-                                            read_timeout_seconds=tool.timeout)
+                                            read_timeout_seconds=tool.timeout,
+                                            progress_callback=progress)
         except MCPError as exc:
             code = exc.error.code
             if code == types.CONNECTION_CLOSED and client is not None:
@@ -634,6 +650,12 @@ class Gateway:
             return await self._unknown(tool, op, f"mcp_error_{code}", exc.error.message)
         except UpstreamUnreachable as exc:
             return await self._unknown(tool, op, "upstream_unreachable", str(exc))
+        except InputRequiredRoundsExceededError:
+            # A 2026-07-28 tool that asks for input has not completed: the call is made
+            # again whole with the answers, so this one did nothing.
+            text = input_not_relayed(tool.name)
+            await self._finish(op, State.REJECTED, error_code="input_required", detail=text)
+            return tool_error(text)
         except Exception as exc:  # a result the SDK refused, a transport failure...
             return await self._unknown(tool, op, type(exc).__name__, str(exc))
         except BaseException:
@@ -649,6 +671,7 @@ class Gateway:
         if not isinstance(result, types.CallToolResult):
             return await self._unknown(tool, op, "unexpected_result",
                                        f"a {type(result).__name__} instead of a tool result")
+        result = _relayed(result)
         if result.is_error:
             text = _text(result)
             if cfg.classify_error(tool, text, result.structured_content) == cfg.ON_ERROR_UNKNOWN:
@@ -807,6 +830,13 @@ def _late(op: Operation, reply: types.CallToolResult | None) -> types.CallToolRe
     return answer
 
 
+def input_not_relayed(name: str) -> str:
+    return (f"Needs input: the upstream asked for input before {name} could complete "
+            "(elicitation or sampling), and the gateway does not relay such questions to its "
+            "client. Nothing was done. Call the tool with everything it needs in its "
+            "arguments, or use this tool without the gateway.")
+
+
 def replay_sentence(op: Operation) -> str:
     return (f"Not sent again: this repeats call {op.operation} ({op.operation_id}) sent at "
             f"{_iso(op.submitted_at)}; its recorded result follows.")
@@ -821,6 +851,41 @@ def _replayed(op: Operation, result: types.CallToolResult) -> types.CallToolResu
 
 def _iso(value) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+# The `_meta` keys the MCP specification reserves for the protocol itself (2026-07-28 stamps
+# `io.modelcontextprotocol/serverInfo` on every result): the upstream's are not the
+# gateway's, so they are not relayed to the gateway's client (which gets the gateway's own).
+PROTOCOL_META = "io.modelcontextprotocol/"
+
+
+def _relayed(result):
+    """An upstream's result as the gateway relays (and stores) it: without the protocol's
+    own `_meta` entries of the upstream's connection; the tool's own `_meta` is kept."""
+    meta = getattr(result, "meta", None)
+    if isinstance(meta, dict) and any(k.startswith(PROTOCOL_META) for k in meta):
+        kept = {k: v for k, v in meta.items() if not k.startswith(PROTOCOL_META)}
+        result.meta = kept or None
+    return result
+
+
+def _progress_relay(ctx, params):
+    """The callback that relays an upstream's progress on a forwarded call to the gateway's
+    own caller; None (the upstream is not asked for progress) when that caller asked for
+    none (no `progressToken` in its request's `_meta`)."""
+    meta = params.meta
+    if meta is not None and not isinstance(meta, dict):
+        meta = meta.model_dump(by_alias=True)
+    if not meta or (meta.get("progressToken", meta.get("progress_token")) is None):
+        return None
+    report = getattr(getattr(ctx, "session", None), "report_progress", None)
+    if report is None:
+        return None
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        await report(progress, total, message)
+
+    return relay
 
 
 def _page(params) -> types.PaginatedRequestParams | None:

@@ -30,13 +30,22 @@ class UpstreamUnreachable(RuntimeError):
 
 def make_client(spec: Upstream) -> tuple[Client, Any]:
     """(an un-entered SDK client for the upstream, its httpx client or None). No response
-    cache: every list and read reaches the upstream, as a pass-through must."""
+    cache: every list and read reaches the upstream, as a pass-through must. The protocol
+    is negotiated as `[upstream] protocol` says (by default as the SDK does: 2026-07-28
+    when the upstream answers server/discover, else the initialize handshake)."""
+    # No sampling or elicitation callback: the gateway does not advertise them (it cannot
+    # put an upstream's question to the model in the middle of a receipted call), so a
+    # conforming upstream does not ask; one that asks anyway is refused by the SDK.
+    # For the same reason, a 2026-07-28 tool's request for input (`input_required`) ends
+    # the call at once (InputRequiredRoundsExceededError), answered by the gateway.
+    options: dict[str, Any] = {"cache": None, "mode": spec.protocol,
+                               "input_required_max_rounds": 0}
     if spec.command:
         params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                        env=dict(spec.env) or None, cwd=spec.cwd)
-        return Client(params, cache=None), None
+        return Client(params, **options), None
     http = create_mcp_http_client(headers=dict(spec.headers) or None)
-    return Client(streamable_http_client(spec.url, http_client=http), cache=None), http
+    return Client(streamable_http_client(spec.url, http_client=http), **options), http
 
 
 @asynccontextmanager

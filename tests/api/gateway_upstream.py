@@ -8,10 +8,17 @@ Tools:
   amount <= 0 is refused (isError) and changes nothing.
 - find_invoice(reference): the read tool: {"status": "found", "invoice": {...}} or
   {"status": "absent", "invoice": null}.
-- noop(n): does nothing (the benchmark).
+- noop(n): does nothing (the benchmark); reports progress n times when the caller asked
+  for progress.
 A resource (invoices://count), a prompt (summary) and completions show non-tool requests
 passing through.
 `--http PORT` serves it over Streamable HTTP instead of stdio.
+
+Each invoice created appends the protocol version its call came in to the state file's
+"protocols": which era the gateway spoke to this server. UPSTREAM_PROTOCOL=legacy makes it
+a server of before 2026-07-28: it refuses `server/discover` (method not found), so a client
+falls back to the initialize handshake. A create_invoice for the customer "ask" asks for
+input (a 2026-07-28 `input_required` result) instead of acting.
 
 UPSTREAM_BEHAVIOUR changes what create_invoice answers, after the effect is committed:
 "lie" (a structured result that breaks the output schema it declares), "no_id" (a result
@@ -31,9 +38,12 @@ import anyio
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types.jsonrpc import ErrorData, JSONRPCError, JSONRPCRequest
 
 STATE = Path(os.environ.get("UPSTREAM_STATE", "upstream-state.json"))
 BEHAVIOUR = os.environ.get("UPSTREAM_BEHAVIOUR", "normal")
+PROTOCOL = os.environ.get("UPSTREAM_PROTOCOL", "any")
 
 INVOICE = {"type": "object", "properties": {
     "id": {"type": "string"}, "customer": {"type": "string"}, "amount": {"type": "integer"},
@@ -67,6 +77,7 @@ def locked_state():
         fcntl.flock(handle, fcntl.LOCK_EX)
         text = handle.read()
         state = json.loads(text) if text.strip() else {"invoices": []}
+        state.setdefault("invoices", [])
         yield state
         handle.seek(0)
         handle.truncate()
@@ -85,9 +96,12 @@ async def list_tools(ctx, params) -> types.ListToolsResult:
     return types.ListToolsResult(tools=TOOLS)
 
 
-async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+async def call_tool(ctx, params: types.CallToolRequestParams
+                    ) -> types.CallToolResult | types.InputRequiredResult:
     args = params.arguments or {}
     if params.name == "noop":
+        for step in range(int(args.get("n") or 0)):
+            await ctx.session.report_progress(step + 1, args["n"], f"step {step + 1}")
         return types.CallToolResult(content=[types.TextContent(type="text", text="ok")])
     if params.name == "find_invoice":
         with locked_state() as state:
@@ -100,6 +114,11 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                 type="text", text="503 Service Unavailable: try again later")], is_error=True)
         if BEHAVIOUR == "slow":  # the reply comes after the call was settled
             await anyio.sleep(5)
+        if args.get("customer") == "ask":  # a tool that asks for input before it acts
+            return types.InputRequiredResult(input_requests={"confirm": types.ElicitRequest(
+                params=types.ElicitRequestFormParams(
+                    message="Really create it?", requested_schema={
+                        "type": "object", "properties": {"yes": {"type": "boolean"}}}))})
         if not isinstance(args.get("amount"), int) or args["amount"] <= 0:
             refusal = f"amount must be a positive integer, got {args.get('amount')!r}"
             return types.CallToolResult(
@@ -109,6 +128,7 @@ async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolR
                        "customer": str(args.get("customer")), "amount": args["amount"],
                        "reference": str(args.get("reference"))}
             state["invoices"].append(invoice)
+            state.setdefault("protocols", []).append(ctx.protocol_version)
         if BEHAVIOUR == "lie":
             return result({"number": 7})
         if BEHAVIOUR == "no_id":
@@ -153,7 +173,28 @@ server = Server("invoices-upstream", version="1", on_list_tools=list_tools,
 
 async def main() -> None:
     async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+        if PROTOCOL != "legacy":
+            await server.run(read, write, server.create_initialization_options())
+            return
+        send, receive = anyio.create_memory_object_stream(16)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(before_2026, read, write, send)
+            await server.run(receive, write, server.create_initialization_options())
+            tasks.cancel_scope.cancel()
+
+
+async def before_2026(read, write, send) -> None:
+    """Passes `read` on to `send` as a server of before 2026-07-28 sees it: `server/discover`
+    is a method it does not know, answered "method not found" here."""
+    async with send:
+        async for message in read:
+            root = getattr(message, "message", None)
+            if isinstance(root, JSONRPCRequest) and root.method == "server/discover":
+                await write.send(SessionMessage(JSONRPCError(
+                    jsonrpc="2.0", id=root.id, error=ErrorData(
+                        code=types.METHOD_NOT_FOUND, message="Method not found"))))
+                continue
+            await send.send(message)
 
 
 def main_http(port: int) -> None:

@@ -42,11 +42,15 @@ def test_a_good_configuration_reads_with_its_defaults():
     assert tool.target == "mcp://upstream/create_invoice" and tool.timeout == 30.0
     assert tool.reconcile.found == cfg.Rule(path="status", equals="found")
     assert config.tool("find_invoice").mode == "pass-through"  # unlisted: forwarded as is
+    assert config.upstream.protocol == "auto"  # 2026-07-28 or the handshake, as negotiated
 
 
 @pytest.mark.parametrize(("change", "message"), [
     (("[upstream]\ncommand", "[upstream]\nurl = \"ftp://x\"\ncommand"),
      "[upstream] command / url: expected exactly one of them"),
+    (("[upstream]\ncommand", "[upstream]\nprotocol = \"2025-11-25\"\ncommand"),
+     "[upstream] protocol: expected one of ['auto', '2026-07-28', 'legacy'], found "
+     "'2025-11-25'"),
     (('mode = "consequential"', 'mode = "sometimes"'),
      "[tools.create_invoice] mode: expected 'pass-through' or 'consequential', found "
      "'sometimes'"),
