@@ -51,6 +51,8 @@ from ledger.models import (
     Step,
     TenantAccess,
     TenantAccessChange,
+    UnknownOutcomePolicy,
+    UnknownOutcomePolicyChange,
 )
 
 
@@ -541,6 +543,21 @@ class ApprovalPolicyAdmin(ReadOnlyAdmin):
 @admin.register(ApprovalPolicyChange)
 class ApprovalPolicyChangeAdmin(ReadOnlyAdmin):
     list_display = ["pattern", "tenant", "changed_by_name", "changed_at"]
+    list_select_related = ["changed_by"]
+
+
+# Unknown-outcome policies (ledger.outcome_policies): set on the desk's "Unknown outcomes"
+# page, which audits each change with its reason; here they are only read.
+@admin.register(UnknownOutcomePolicy)
+class UnknownOutcomePolicyAdmin(ReadOnlyAdmin):
+    list_display = ["pattern", "tenant", "automatic_retry", "attempts", "not_yet_window",
+                    "updated_at"]
+    list_select_related = ["updated_by"]
+
+
+@admin.register(UnknownOutcomePolicyChange)
+class UnknownOutcomePolicyChangeAdmin(ReadOnlyAdmin):
+    list_display = ["pattern", "tenant", "changed_by_name", "changed_at", "reason"]
     list_select_related = ["changed_by"]
 
 

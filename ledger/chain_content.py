@@ -128,6 +128,8 @@ RECORD_SOURCES = {
     "fact": "ledger_fact",
     "fact_conflict": "ledger_factconflict",
     "fact_decision": "ledger_factdecision",
+    "unknown_outcome_policy": "ledger_unknownoutcomepolicy",
+    "unknown_outcome_policy_change": "ledger_unknownoutcomepolicychange",
 }
 # Columns a record's content leaves out: a fact decision's own link, set once by the sealer
 # (its chain, "fact_decisions", covers the rest of the row too).

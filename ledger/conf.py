@@ -64,7 +64,8 @@ SETTINGS: dict[str, Setting] = {
         "readings before manual_review (instead of the reconciler's max_failures); "
         "'window_seconds': how long NotYet may last before manual_review (instead of the "
         "reconciler's grace_period). Left out: automatic retry as the retry policy allows, "
-        "and the reconciler's own numbers.",
+        "and the reconciler's own numbers. The default: a policy admins set on the desk for "
+        "the operation's tenant (ledger.outcome_policies) wins over it.",
     ),
     "OPERATION_RULES": Setting(
         {}, "mapping of operation patterns to rule lists",

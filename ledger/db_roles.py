@@ -69,6 +69,7 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     "ledger_approval": {DESK: "INSERT"},
     "ledger_resolutionproposal": {DESK: "INSERT"},
     "ledger_approvalpolicychange": {DESK: "INSERT"},
+    "ledger_unknownoutcomepolicychange": {DESK: "INSERT"},
     "ledger_operationnote": {DESK: "INSERT"},
     "ledger_notificationchannelchange": {DESK: "INSERT"},
     "ledger_deliveryattempt": {RECONCILER: "INSERT"},
@@ -98,6 +99,10 @@ LEDGER_WRITES: dict[str, dict[str, str]] = {
     },
     # approvals: an agent asks; people decide (policies, the request's status)
     "ledger_approvalpolicy": {DESK: "INSERT, UPDATE"},
+    # unknown-outcome policies: the desk's (admins); the reconciler reads them
+    "ledger_unknownoutcomepolicy": {
+        DESK: "INSERT, UPDATE (automatic_retry, attempts, not_yet_window, updated_by_id, "
+              "updated_at)"},
     # (the trigger approval_request_check: an agent's request is pending, of its
     # operation's tenant, asking at least what the policies ask; only the desk marks it
     # approved, with enough live approvals, or denied, with a person's denial)
@@ -203,6 +208,8 @@ TENANT_ROWS: dict[str, str] = {
     "ledger_approval": _OWN_OF_OPERATION,
     "ledger_approvalpolicy": _OWN,
     "ledger_approvalpolicychange": _OWN,
+    "ledger_unknownoutcomepolicy": _OWN,
+    "ledger_unknownoutcomepolicychange": _OWN,
     "ledger_resolutionproposal": _OWN_OF_OPERATION,
     "ledger_operationnote": _OWN_OF_OPERATION,
     "ledger_claim": _OWN_OF_OPERATION,

@@ -22,9 +22,12 @@ provider account, or the reconciler's `canary`). A reader that cannot is blind (
 manual_review after `max_failures` such readings, never safe_to_retry. With no control
 yet on the target, absence counts only when the reconciler declares why its "not found"
 is trustworthy (`trusted_absence`).
-LEDGER_UNKNOWN_OUTCOME_POLICIES tunes this per operation name (`unknown_outcome_policy`):
+The unknown-outcome policy of the operation's kind tunes this (`unknown_outcome_policy`):
 whether a proven absence may become safe_to_retry without a person at all, the readings
-before manual_review, and how long NotYet may last.
+before manual_review, and how long NotYet may last. Admins set it per tenant and operation
+pattern on the desk (`ledger.outcome_policies`, audited); a matching desk row wins over
+LEDGER_UNKNOWN_OUTCOME_POLICIES, the default in code. The verdict's row lock reads it, in
+the same statement: the policy in force when the verdict is stored.
 
 The operations table is the queue. A worker claims one operation with `SELECT ... FOR
 UPDATE SKIP LOCKED`, moves it to `reconciling` under the lease `reconcile:<operation_id>`,
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -73,6 +77,7 @@ from ledger.inputs import (
     storable,
 )
 from ledger.models import Evidence, Lease, Operation
+from ledger.models.approval_gate import pattern_matches_sql
 from ledger.models.coordination import RUN_LEASE_WITH_PARAMS
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
@@ -630,19 +635,27 @@ class UnknownOutcomePolicy:
     (False, say for payments: it goes to manual_review, the evidence kept); `attempts`:
     failed or blind readings before manual_review (None: the reconciler's `max_failures`,
     else LEDGER_RECONCILE_MAX_FAILURES); `window`: how long NotYet may last, from
-    `unknown_since` (None: the reconciler's `grace_period`). `pattern`: the setting's key
-    it came from ("" for the defaults).
+    `unknown_since` (None: the reconciler's `grace_period`). `pattern`: the desk row's or
+    the setting's pattern it came from, `source` which ("desk", "setting"; both "" for the
+    defaults).
     """
 
     pattern: str = ""
     automatic_retry: bool = True
     attempts: int | None = None
     window: timedelta | None = None
+    source: str = ""
 
 
-def unknown_outcome_policy(operation: str) -> UnknownOutcomePolicy:
-    """The policy of `operation` from LEDGER_UNKNOWN_OUTCOME_POLICIES: its exact name, else
+def unknown_outcome_policy(operation: str, *, desk: dict[str, Any] | str | None = None
+                           ) -> UnknownOutcomePolicy:
+    """The policy of `operation`: `desk`, the desk's row matching it (as `_LOCK_AND_POLICY`
+    reads it), when there is one; else LEDGER_UNKNOWN_OUTCOME_POLICIES: its exact name, else
     the matching pattern with the most literal characters; the defaults when none matches."""
+    if isinstance(desk, str):  # a raw cursor's jsonb, not decoded
+        desk = json.loads(desk)
+    if desk is not None:
+        return _policy_from(desk["pattern"], desk, source="desk")
     best: tuple[tuple[bool, int], str, dict[str, Any]] | None = None
     for pattern, spec in conf.UNKNOWN_OUTCOME_POLICIES.items():
         if not fnmatch.fnmatchcase(operation, pattern):
@@ -653,12 +666,54 @@ def unknown_outcome_policy(operation: str) -> UnknownOutcomePolicy:
     if best is None:
         return UnknownOutcomePolicy()
     _, pattern, spec = best
+    return _policy_from(pattern, spec, source="setting")
+
+
+def _policy_from(pattern: str, spec: dict[str, Any], *, source: str) -> UnknownOutcomePolicy:
     window = spec.get("window_seconds")
+    automatic = spec.get("automatic_retry")
     return UnknownOutcomePolicy(
-        pattern=pattern, automatic_retry=spec.get("automatic_retry", True),
-        attempts=spec.get("attempts"),
-        window=timedelta(seconds=window) if window is not None else None,
+        pattern=pattern, automatic_retry=True if automatic is None else automatic,
+        attempts=spec.get("attempts"), source=source,
+        window=timedelta(seconds=float(window)) if window is not None else None,
     )
+
+
+def effective_unknown_outcome_policy(operation: str, tenant: str) -> UnknownOutcomePolicy:
+    """The policy the reconciler applies to `operation` of `tenant` now (one query)."""
+    with prepared_cursor() as cursor:
+        cursor.execute(f"SELECT {_DESK_POLICY_SQL}",
+                       {"operation": operation, "tenant": tenant})
+        row = cursor.fetchone()
+    return unknown_outcome_policy(operation, desk=row[0] if row else None)
+
+
+# The desk's policy of an operation (`operation`, `tenant`: SQL expressions), as a JSON
+# object, or NULL: the matching row of the tenant, its exact name first, then the pattern
+# with the most literal characters (as the setting's patterns rank).
+def _desk_policy_sql(operation: str, tenant: str) -> str:
+    return f"""(
+    SELECT jsonb_build_object('pattern', p.pattern, 'automatic_retry', p.automatic_retry,
+                              'attempts', p.attempts,
+                              'window_seconds', extract(epoch FROM p.not_yet_window))
+      FROM ledger_unknownoutcomepolicy p
+     WHERE p.tenant = {tenant} AND {pattern_matches_sql(operation)}
+     ORDER BY p.pattern = {operation} DESC,
+              length(replace(replace(p.pattern, '*', ''), '?', '')) DESC, p.id
+     LIMIT 1)"""
+
+
+_DESK_POLICY_SQL = _desk_policy_sql("%(operation)s", "%(tenant)s")
+# The verdict's row lock, which reads the desk's policy of the operation in the same
+# statement (no statement of its own: a verdict stays four).
+_LOCK_AND_POLICY = f"""
+    SELECT {_desk_policy_sql("o.operation", "o.tenant")}
+      FROM ledger_operation o WHERE o.id = %(id)s FOR UPDATE OF o
+"""
+
+
+_POLICY_SOURCES = {"desk": "set on the desk", "setting": "LEDGER_UNKNOWN_OUTCOME_POLICIES",
+                   "": "the defaults"}
 
 
 def _attempts(cls: type[Reconciler], policy: UnknownOutcomePolicy) -> int:
@@ -776,13 +831,15 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
     op = claim.operation
     cls = _registry.get(op.operation) or Reconciler
     now = timezone.now()
-    to_state, reason, changes = _decide(op, outcome, cls, now)
-    if claim.taken_over_from and claim.taken_over_from != claim.worker:
-        reason += f"; taken over from {claim.taken_over_from} after its lease expired"
     with transaction.atomic(durable=True):
-        # Lock the row before the lease, in the order claims take them (no deadlock).
+        # Lock the row before the lease, in the order claims take them (no deadlock); the
+        # same statement reads the desk's unknown-outcome policy of the operation.
         with prepared_cursor() as cursor:
-            cursor.execute("SELECT 1 FROM ledger_operation WHERE id = %s FOR UPDATE", [op.pk])
+            cursor.execute(_LOCK_AND_POLICY, {"id": op.pk})
+            desk = cursor.fetchone()[0]
+        to_state, reason, changes = _decide(op, outcome, cls, now, desk)
+        if claim.taken_over_from and claim.taken_over_from != claim.worker:
+            reason += f"; taken over from {claim.taken_over_from} after its lease expired"
         evidence_row = Evidence.objects.create(
             operation=op, reconciler=outcome.reconciler[:200], query=outcome.query,
             observed=outcome.observed, verdict=outcome.verdict, matched_by=outcome.matched_by,
@@ -802,10 +859,11 @@ def settle(claim: Claim, outcome: Outcome) -> Operation:
 
 
 def _decide(
-    op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime
+    op: Operation, outcome: Outcome, cls: type[Reconciler], now: datetime,
+    desk: dict[str, Any] | str | None = None,
 ) -> tuple[str, str, dict[str, Any]]:
     attempts = op.reconcile_attempts + 1
-    policy = unknown_outcome_policy(op.operation)
+    policy = unknown_outcome_policy(op.operation, desk=desk)
     changes: dict[str, Any] = {"reconcile_attempts": attempts, "next_attempt_at": None}
     conflict = conflict_for(outcome.verdict, outcome.observed)
     if conflict or op.conflict == Conflict.AMBIGUOUS:
@@ -826,7 +884,8 @@ def _decide(
         if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN and not policy.automatic_retry:
             return (State.MANUAL_REVIEW,
                     f"proven absent, but the unknown-outcome policy for {policy.pattern!r} "
-                    "sends no retry without a person: a person decides", changes)
+                    f"sends no retry without a person ({_POLICY_SOURCES[policy.source]}): "
+                    "a person decides", changes)
         if op.retry_policy == RetryPolicy.IF_ABSENT_PROVEN:
             return State.SAFE_TO_RETRY, "proven absent: safe to retry", changes
         return (State.MANUAL_REVIEW,

@@ -27,6 +27,8 @@ _ADMIN = [
     "view_agentkey", "add_agentkey", "change_agentkey", "view_agentkeychange",
     "view_approvalpolicy", "add_approvalpolicy", "change_approvalpolicy",
     "view_approvalpolicychange",
+    "view_unknownoutcomepolicy", "add_unknownoutcomepolicy", "change_unknownoutcomepolicy",
+    "view_unknownoutcomepolicychange",
     "view_notificationchannel", "add_notificationchannel", "change_notificationchannel",
     "view_notificationchannelchange", "view_notificationbatch", "view_deliveryattempt",
     "view_notificationsent",

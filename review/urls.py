@@ -7,6 +7,7 @@ from review import (
     views_desk,
     views_execution,
     views_notifications,
+    views_outcome_policies,
     views_retention,
     views_saved,
 )
@@ -61,6 +62,13 @@ urlpatterns += [
          name="approval_decide"),
     path("approvals/policies/", views_approvals.policies, name="approval_policies"),
     path("approvals/policies/set/", views_approvals.set_policy, name="approval_policy_set"),
+]
+
+# Unknown-outcome policies per kind of operation (review/views_outcome_policies.py): admins.
+urlpatterns += [
+    path("outcome-policies/", views_outcome_policies.policies, name="outcome_policies"),
+    path("outcome-policies/set/", views_outcome_policies.set_policy,
+         name="outcome_policy_set"),
 ]
 
 # Claims and notes on an operation (review/views_desk.py).

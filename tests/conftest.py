@@ -20,6 +20,7 @@ SERVER_DEPENDENT = {
     "tests/ledger/test_db_roles.py",
     "tests/ledger/test_fence_rows_added.py",
     "tests/ledger/test_operation_search.py",
+    "tests/ledger/test_outcome_policy_roles.py",
     "tests/ledger/test_provider_account.py",
     "tests/ledger/test_rls_tenants.py",
     "tests/ledger/test_role_refusals.py",

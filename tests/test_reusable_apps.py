@@ -149,7 +149,8 @@ def test_ledger_and_review_run_a_lifecycle_and_the_desk_in_a_project_without_con
                                   "HEALTH_RECONCILE_BACKLOG_SECONDS": 300,
                                   "HEALTH_SEAL_LAG_SECONDS": 30, "METRICS_TOKEN": "",
                                   "TRUSTED_PROXY_COUNT": 0, "FACT_MAX_FUTURE_SECONDS": 300,
-                                  "TRACE_URL": "", "MAX_REQUEST_BYTES": 1048576}
+                                  "TRACE_URL": "", "MAX_REQUEST_BYTES": 1048576,
+                                  "AGENT_KEY_CACHE_SECONDS": 0}
     assert result["has_absolute_url"] is False
     assert result["stylesheet_found"] is True
     assert result["intent_headers"] == {"Authorization": "[redacted]"}

@@ -44,6 +44,7 @@ from ledger.models.notifications import (
     NotificationSent,
 )
 from ledger.models.operations import Evidence, Operation, OperationEvent, OperationSearch
+from ledger.models.outcome_policies import UnknownOutcomePolicy, UnknownOutcomePolicyChange
 from ledger.models.retention import (
     PurgeRun,
     Redaction,
@@ -54,6 +55,8 @@ from ledger.models.retention import (
 )
 
 __all__ = [
+    "UnknownOutcomePolicy",
+    "UnknownOutcomePolicyChange",
     "AgentKey",
     "AgentKeyChange",
     "Approval",

@@ -66,6 +66,7 @@ DECLARE
         'ledger_approval', 'INSERT',
         'ledger_resolutionproposal', 'INSERT',
         'ledger_approvalpolicychange', 'INSERT',
+        'ledger_unknownoutcomepolicychange', 'INSERT',
         'ledger_operationnote', 'INSERT',
         'ledger_notificationchannelchange', 'INSERT',
         'ledger_deliveryattempt', 'INSERT',
@@ -88,6 +89,9 @@ DECLARE
             'last_operation_id, finished_at, policy_id, state_policy_id, rows_purged)',
         -- approvals: policies are the desk's; a request's status follows the decisions
         'ledger_approvalpolicy', 'INSERT, UPDATE',
+        -- unknown-outcome policies: the desk's (admins); the reconciler reads them
+        'ledger_unknownoutcomepolicy', 'INSERT, UPDATE (automatic_retry, attempts, '
+            'not_yet_window, updated_by_id, updated_at)',
         'ledger_approvalrequest', 'INSERT, UPDATE (tenant, note, requested_by, '
             'approvals_needed, status, requested_at, decided_at)',
         -- notifications: channels are the desk's (never deleted: disabled); a batch's

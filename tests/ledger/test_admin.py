@@ -20,6 +20,7 @@ from ledger import (
     leases,
     notifications,
     obligations,
+    outcome_policies,
     receipts,
     retention,
     runs,
@@ -73,6 +74,8 @@ def populate(tenant: str, root) -> None:
     retention.set_policy("*", tenant=tenant, purge_after_days=30, redact_after_days=10,
                          user=root)
     approvals.set_policy(f"pay-{tenant}.*", tenant=tenant, user=root)
+    outcome_policies.set_policy(f"pay-{tenant}.*", tenant=tenant, user=root,
+                                automatic_retry=False, reason=f"never retried in {tenant}")
     gated = OperationFactory(tenant=tenant, operation=f"pay-{tenant}.send",
                              intent={"tenant": tenant})
     approvals.request(gated, note=f"paying in {tenant}")
