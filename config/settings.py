@@ -342,6 +342,11 @@ if os.environ.get("LEDGER_IN_FLIGHT_SECONDS"):
 # {"payments.*": {"required": ["amount"], "ranges": {"amount": {"min": 1, "max": 50000}}}}
 if os.environ.get("LEDGER_OPERATION_RULES"):
     LEDGER_OPERATION_RULES = json.loads(os.environ["LEDGER_OPERATION_RULES"])
+
+# System checks an operator has decided to live with, comma-separated (e.g. ledger.W122 where
+# one in-process agent serves every tenant): `manage.py check` counts them as silenced.
+SILENCED_SYSTEM_CHECKS = [name.strip() for name in
+                          os.environ.get("LEDGER_SILENCE_CHECKS", "").split(",") if name.strip()]
 # The demo's reconciler (demo/simulated/articles.py) for the simulated articles service;
 # a comma-separated list to name your own.
 LEDGER_RECONCILER_MODULES = [

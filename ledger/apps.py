@@ -15,6 +15,9 @@ class LedgerConfig(AppConfig):
         from ledger.roles import restore_after_flush
 
         checks.register(conf.check_settings)
+        from ledger import validation
+
+        checks.register(validation.check_rule_setting)
         from ledger import db_roles
 
         checks.register(db_roles.check_login, deploy=True)

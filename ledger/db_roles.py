@@ -695,5 +695,5 @@ def _unlimited_agent_logins():
         "limited to none: an in-process agent logged in as it reads and writes every "
         "tenant's rows (docs/tenancy.md)",
         hint=f"manage.py db_roles --login {name}=agent --tenants TENANT[,TENANT] (or "
-             "silence ledger.W122 where one agent serves every tenant)",
+             "LEDGER_SILENCE_CHECKS=ledger.W122 where one agent serves every tenant)",
         id="ledger.W122") for name in names]

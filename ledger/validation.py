@@ -207,3 +207,21 @@ def _broken_rule(op: Any, rules: Mapping[str, Any]) -> str:
         return (f"expected the provider account to match one of {list(accounts)!r}, found "
                 f"{op.account!r}")
     return ""
+
+
+def check_rule_setting(app_configs=None, **kwargs) -> list:
+    """`manage.py check`: each rule list of LEDGER_OPERATION_RULES as `check_rules` takes it
+    (ledger.E001 naming the pattern and what is wrong)."""
+    from django.core import checks
+
+    errors = []
+    rules = conf.OPERATION_RULES
+    if not isinstance(rules, Mapping):
+        return errors  # conf.check_settings names a setting of the wrong shape
+    for pattern, listed in rules.items():
+        try:
+            check_rules(listed, what=f"LEDGER_OPERATION_RULES[{pattern!r}]")
+        except InvalidInput as exc:
+            errors.append(checks.Error(str(exc), hint=conf.SETTINGS["OPERATION_RULES"].doc,
+                                       id="ledger.E001"))
+    return errors

@@ -15,7 +15,6 @@ import json
 import sys
 from contextlib import asynccontextmanager
 
-import anyio
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
@@ -31,6 +30,7 @@ from tests.api.test_gateway import (
     invoices,
     write_config,
 )
+from tests.support.loops import run_coroutine
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,7 +92,7 @@ def test_ledger_mcp_answers_each_protocol_version(make_key, api_server, offer, v
                 assert refused.is_error and "IllegalTransition" in refused.content[0].text
         return ids
 
-    (first, op_id), (again, same) = anyio.run(main)
+    (first, op_id), (again, same) = run_coroutine(main())
     assert (first, again) == (True, False) and same == op_id
     assert Operation.objects.get().operation_id == op_id
     # The stateless /mcp hands out no session in any version.
@@ -136,10 +136,10 @@ def test_the_gateway_serves_2026_and_handshake_clients_with_one_receipt_per_call
         answers = {}
         for version in (MODERN, HANDSHAKE):
             reference = f"g-{version}"
-            first = anyio.run(call, url, version, reference, headers[version])
-            replay = anyio.run(call, url, version, reference, headers[version])
+            first = run_coroutine(call(url, version, reference, headers[version]))
+            replay = run_coroutine(call(url, version, reference, headers[version]))
             other = MODERN if version == HANDSHAKE else HANDSHAKE
-            across = anyio.run(call, url, other, reference, headers[other])
+            across = run_coroutine(call(url, other, reference, headers[other]))
             answers[version] = (first, replay, across)
 
     assert [i["reference"] for i in invoices(tmp_path)] == [f"g-{MODERN}", f"g-{HANDSHAKE}"]
@@ -193,7 +193,7 @@ def test_the_gateway_over_stdio_relays_progress_in_each_version(make_key, tmp_pa
             again = await client.call_tool("create_invoice", invoice("s-1"))
             return first, again
 
-    first, again = anyio.run(main)
+    first, again = run_coroutine(main())
     assert progress == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
     assert not first.is_error and again.meta["agent-ledger/replayed"] is True
     op = Operation.objects.get()
@@ -231,7 +231,7 @@ def test_the_gateway_speaks_to_new_and_older_upstreams(make_key, tmp_path, upstr
             again = await client.call_tool("create_invoice", invoice("u-1"))
             return first, again
 
-    first, again = anyio.run(main)
+    first, again = run_coroutine(main())
     assert not first.is_error, first.content
     assert again.meta["agent-ledger/replayed"] is True
     state = json.loads((tmp_path / "upstream-state.json").read_text())
@@ -255,7 +255,7 @@ def test_an_upstream_asking_for_input_is_answered_clearly_and_nothing_is_done(ma
             return await client.call_tool("create_invoice", {
                 "customer": "ask", "amount": 5, "reference": "ask-1"})
 
-    answer = anyio.run(main)
+    answer = run_coroutine(main())
     assert answer.is_error
     assert answer.content[0].text.startswith(
         "Needs input: the upstream asked for input before create_invoice could complete")
@@ -285,4 +285,4 @@ def test_ledger_mcp_over_stdio_in_each_version(make_key, offer, version):
             assert not recorded.is_error, recorded.content
             return recorded.structured_content["operation"]["operation_id"]
 
-    assert anyio.run(main) == Operation.objects.get().operation_id
+    assert run_coroutine(main()) == Operation.objects.get().operation_id

@@ -96,7 +96,9 @@ def _record(agent, key: str):
         "idempotency_key": key}, content_type="application/json")
 
 
-def test_a_key_verified_a_moment_ago_is_not_asked_for_again(agent):
+def test_a_key_verified_a_moment_ago_is_not_asked_for_again(agent, settings):
+    # With the cache on (off by default: a revoked key is refused from its next request).
+    settings.LEDGER_AGENT_KEY_CACHE_SECONDS = 2
     assert _record(agent, "first").status_code == 201
 
     with CaptureQueriesContext(connection) as queries:

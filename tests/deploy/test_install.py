@@ -144,9 +144,12 @@ def test_an_install_without_extras_leaves_no_build_folder_checks_clean_and_serve
                  if p.exists()]
     assert leftovers == [], f"expected no build/ folder in the checkout, found {leftovers}"
 
+    # ledger.W122 names the server's agent logins limited to no tenant: on this server, the
+    # test suite's own (made without --tenants: they serve every tenant's tests), so it is
+    # silenced here; tests/ledger/test_rls_tenants.py holds the warning itself.
     checked = run([str(venv / "bin" / "django-admin"), "check", "--deploy"],
-                  timeout=120, cwd=place, env=env)
-    assert "System check identified no issues (0 silenced)." in checked.stdout, (
+                  timeout=120, cwd=place, env={**env, "LEDGER_SILENCE_CHECKS": "ledger.W122"})
+    assert "System check identified no issues" in checked.stdout, (
         checked.stdout + checked.stderr)
 
     forwarded = {"X-Forwarded-Proto": "https", "Host": "127.0.0.1"}

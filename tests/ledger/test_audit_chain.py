@@ -337,7 +337,7 @@ AUDIT_TABLES = ["ledger_operationevent", "ledger_evidence", "ledger_retentioncha
                 "ledger_approval", "ledger_approvalpolicychange", "ledger_resolutionproposal",
                 "ledger_operationnote", "ledger_notificationchannelchange",
                 "ledger_deliveryattempt", "ledger_auditcheckpoint", "ledger_recordlink",
-                "ledger_coveragereading"]
+                "ledger_coveragereading", "ledger_unknownoutcomepolicychange"]
 
 
 def test_the_role_script_covers_every_append_only_table():

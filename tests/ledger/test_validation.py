@@ -154,9 +154,12 @@ def test_malformed_rules_are_refused_where_they_are_declared(settings):
             validation.set_rules("payments.*", rules)
     from ledger import conf
 
-    settings.LEDGER_OPERATION_RULES = {"payments.*": {"required": "amount"}}
-    [error] = conf.check_settings()
-    assert "LEDGER_OPERATION_RULES" in error.msg
+    for rules in ({"required": "amount"}, {"ranges": {"amount": {"low": 1}}}):
+        settings.LEDGER_OPERATION_RULES = {"payments.*": rules}
+        assert conf.check_settings() == []  # its shape is right: a mapping of rule lists
+        [error] = validation.check_rule_setting()
+        assert error.id == "ledger.E001"
+        assert "LEDGER_OPERATION_RULES['payments.*']" in error.msg
 
 
 @pytest.mark.django_db

@@ -27,7 +27,9 @@ def make_conflict(subject="invoice:42", *, tenant="default", run=None,
 
 
 def make_overdue(run, key="email:welcome:7", *, hours_late=3, kind="email.send"):
-    return obligations.open(run, kind, key,
+    """An obligation past its deadline; on a leased run, opened with the lease's token."""
+    token = leases.current_token(run.lease_resource)
+    return obligations.open(run, kind, key, fencing_token=token,
                             deadline=timezone.now() - timedelta(hours=hours_late))
 
 
