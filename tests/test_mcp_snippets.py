@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -31,8 +32,13 @@ def blocks(kind: str) -> list[str]:
 
 
 def database_url_of_tests() -> str:
+    """The test database as a URL; the embedded server's socket folder percent-encoded in
+    the host (as dj-database-url and libpq read it)."""
     s = connection.settings_dict
-    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    host = s["HOST"] or "127.0.0.1"
+    if host.startswith("/"):
+        host = quote(host, safe="")
+    return f"postgres://{s['USER']}@{host}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
 def as_here(text: str, secret: str) -> str:
