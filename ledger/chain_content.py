@@ -89,7 +89,11 @@ def content_sql(row: str, *, chain_format: int = CURRENT_FORMAT,
 
 # The event's chain columns, set by PostgreSQL on every INSERT (see the module docstring).
 # Runs as the writer: it reads the operation row the same statement wrote (a volatile
-# trigger function sees the rows its statement changed before this one).
+# trigger function sees the rows its statement changed before this one), under the writer's
+# row-level security. The same read holds the event's tenant to its operation's: an
+# operation of another tenant, or one this session may not see, refuses the event (this
+# was a deferred constraint trigger of its own, event_tenant_check, a second look-up of the
+# same row at every commit: migration 0055 folded it in here).
 EVENT_CHAIN_COLUMNS_SQL = f"""
     IF NEW.chain_seq IS NOT NULL OR NEW.chain_hash IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
@@ -100,8 +104,15 @@ EVENT_CHAIN_COLUMNS_SQL = f"""
                              COALESCE(NEW.chain_seq::text, 'NULL'));
     END IF;
     NEW.chain_format := {CURRENT_FORMAT};
-    SELECT {content_sql("o")} INTO NEW.content
+    SELECT {content_sql("o")}, o.tenant INTO NEW.content, op_tenant
       FROM ledger_operation o WHERE o.id = NEW.operation_id;
+    IF op_tenant IS DISTINCT FROM NEW.tenant THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('event of operation id %s: expected its operation''s tenant, '
+                             'found %s on the event and %s on an operation this session '
+                             'may see', NEW.operation_id, NEW.tenant,
+                             COALESCE(op_tenant, 'none'));
+    END IF;
     RETURN NEW;
 """
 

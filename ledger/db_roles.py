@@ -186,8 +186,9 @@ _OWN_OF_RUN = f"{_OWN} AND {_of('run', 'run_id')}"
 TENANT_ROWS: dict[str, str] = {
     "ledger_operation": f"{_OWN} AND {_of('run', 'run_id', optional=True)} "
                         f"AND {_of('step', 'step_id', optional=True)}",
-    # (its operation's tenant: event_tenant_check, at commit, since record_intent writes an
-    # operation and its first event in one statement, whose parts cannot see each other)
+    # (its operation's tenant: the trigger event_chain_columns, which reads the operation's
+    # row for the event's content, since record_intent writes an operation and its first
+    # event in one statement, whose parts a policy cannot see together)
     "ledger_operationevent": _OWN,
     "ledger_evidence": _OF_OPERATION,
     "ledger_operationsearch": _OWN,

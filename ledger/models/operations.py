@@ -821,6 +821,7 @@ class OperationEvent(models.Model):
                 name="event_chain_columns",
                 operation=pgtrigger.Insert,
                 when=pgtrigger.Before,
+                declare=[("op_tenant", "text")],
                 func=EVENT_CHAIN_COLUMNS_SQL,
             ),
             Trigger(
