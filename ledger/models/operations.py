@@ -6,7 +6,11 @@ from django.db import models
 from django.db.models.functions import MD5
 
 from ledger.chain_content import EVENT_CHAIN_COLUMNS_SQL
-from ledger.models.approval_gate import GATE_TRIGGER, TWO_PERSON_TRIGGER
+from ledger.models.approval_gate import (
+    GATE_TRIGGER,
+    TWO_PERSON_TRIGGER,
+    pattern_matches_sql,
+)
 from ledger.models.coordination import RUN_LEASE
 from ledger.models.triggers import FENCE_HINT, SANCTIONED, SEALING, Protect, Trigger
 from ledger.states import (
@@ -731,6 +735,40 @@ class OperationSearch(models.Model):
         return f"{self.kind} of operation {self.operation_id}: {self.text}"
 
 
+# A move to safe_to_retry that no person made (a reconciler's verdict): refused when the
+# operation may never be retried without a person, by its own retry policy or by the desk's
+# unknown-outcome policy of its kind (ledger.outcome_policies; the policies of
+# LEDGER_UNKNOWN_OUTCOME_POLICIES are the reconciler's settings, not rows, and are applied in
+# Python alone).
+_AUTOMATIC_RETRY_WHEN = (f"NEW.to_state = '{State.SAFE_TO_RETRY}' "
+                         f"AND NEW.actor_kind <> '{ActorKind.HUMAN}'")
+_AUTOMATIC_RETRY_CHECK = f"""
+    SELECT o.operation, o.operation_id, o.tenant, o.retry_policy INTO op
+      FROM ledger_operation o WHERE o.id = NEW.operation_id;
+    IF op.retry_policy = '{RetryPolicy.NEVER}' THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('operation %s: expected a person to decide a retry of an '
+                             'operation whose retry policy is never, found a move to '
+                             'safe_to_retry by %s %s', op.operation_id, NEW.actor_kind,
+                             NEW.actor_id);
+    END IF;
+    SELECT p.automatic_retry INTO automatic
+      FROM ledger_unknownoutcomepolicy p
+     WHERE p.tenant = op.tenant
+       AND {pattern_matches_sql("op.operation").replace("%%", "%")}
+     ORDER BY p.pattern = op.operation DESC,
+              length(replace(replace(p.pattern, '*', ''), '?', '')) DESC, p.id
+     LIMIT 1;
+    IF automatic IS FALSE THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+            MESSAGE = format('operation %s (%s): expected a person to decide a retry (the '
+                             'unknown-outcome policy of its kind on the desk says so), found '
+                             'a move to safe_to_retry by %s %s', op.operation_id,
+                             op.operation, NEW.actor_kind, NEW.actor_id);
+    END IF;
+    RETURN NEW;
+"""
+
 class OperationEvent(models.Model):
     """One transition of one operation. Append-only: PostgreSQL refuses UPDATE and DELETE."""
 
@@ -838,6 +876,18 @@ class OperationEvent(models.Model):
                 condition=pgtrigger.Condition(_EVENT_FENCED_WHEN),
                 declare=[("lease", "record")],
                 func=_EVENT_FENCED,
+            ),
+            # safe_to_retry without a person only where a retry is allowed: the operation's
+            # retry policy is not `never`, and the desk's unknown-outcome policy of its
+            # kind (the matching row that ranks first, as the reconciler ranks them) does
+            # not say "a person decides" (automatic_retry false).
+            Trigger(
+                name="event_automatic_retry_check",
+                operation=pgtrigger.Insert,
+                when=pgtrigger.Before,
+                condition=pgtrigger.Condition(_AUTOMATIC_RETRY_WHEN),
+                declare=[("op", "record"), ("automatic", "boolean")],
+                func=_AUTOMATIC_RETRY_CHECK,
             ),
             Trigger(
                 name="event_reconciler_fenced",
