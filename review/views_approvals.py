@@ -22,14 +22,11 @@ from review.forms_approvals import (
 )
 from review.forms_execution import ExecutionListForm
 from review.http import ledger_errors
+from review.policy_pages import policy_page
 from review.templatetags.desk import operation_url
 from review.views import _detail, _render, stale_message, view_required
 
 resolve_required = permission_required("ledger.resolve_operation", raise_exception=True)
-view_policies_required = permission_required("ledger.view_approvalpolicy",
-                                             raise_exception=True)
-change_policies_required = permission_required("ledger.change_approvalpolicy",
-                                               raise_exception=True)
 
 
 @require_GET
@@ -78,36 +75,11 @@ def decide(request, operation_id: str):
     return redirect(operation_url(op))
 
 
-@require_GET
-@view_policies_required
-@ledger_errors
-def policies(request):
-    return _policies(request)
-
-
-def _policies(request, *, form: ApprovalPolicyForm | None = None, status: int = 200):
-    context = {**selectors.approval_policies(request.user),
-               "form": form or ApprovalPolicyForm()}
-    return _render(request, "review/approval_policies.html", "policies", context,
-                   status=status)
-
-
-@require_POST
-@change_policies_required
-@ledger_errors
-def set_policy(request):
-    form = ApprovalPolicyForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Nothing written: " + " ".join(
-            error for errors_ in form.errors.values() for error in errors_))
-        return _policies(request, form=form, status=422)
-    values = form.policy_values()
-    try:
-        policy = approvals.set_policy(values.pop("pattern"), user=request.user, **values)
-    except errors.InvalidInput as exc:
-        messages.error(request, f"Nothing written: {exc}")
-        return _policies(request, form=form, status=422)
-    messages.success(request, f"Approval policy {policy} saved.")
-    if request.htmx:
-        return _policies(request)
-    return redirect("review:approval_policies")
+# The approval policies page (admins): review/policy_pages.py.
+policies, set_policy = policy_page(
+    form_class=ApprovalPolicyForm, read=selectors.approval_policies,
+    write=approvals.set_policy, template="review/approval_policies.html",
+    noun="Approval policy", url_name="review:approval_policies",
+    view_permission="ledger.view_approvalpolicy",
+    change_permission="ledger.change_approvalpolicy",
+)
