@@ -558,10 +558,27 @@ def single_statement() -> AbstractContextManager:
 LOST_ANSWER_RETRY_SECONDS = 20.0
 
 
+# SQLSTATEs of an answer that is not the write's own (`answer_lost`): the connection failed
+# (class 08), the server is shutting down, crashed or not yet accepting connections (a
+# failover under way), or it rolled the write back for it to be tried again.
+_TRY_AGAIN = ("57P01", "57P02", "57P03", "40001", "40P01")
+
+
+def answer_lost(exc: OperationalError) -> bool:
+    """Whether `exc` says the database did not answer the write (or rolled it back to be
+    tried again), rather than answering it: a lost connection has no SQLSTATE, or one of
+    class 08. A statement cancelled by statement_timeout (57014), a lock not available
+    (55P03) or the server out of connections (53300) is the database's answer: the write
+    is not tried again."""
+    state = getattr(exc.__cause__, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _TRY_AGAIN
+
+
 def riding_lost_answers[T](write: Callable[[], T]) -> T:
     """`write()` (one durable write of its own: a statement in autocommit, or a durable
-    transaction), again on a new connection when the database does not answer it, until
-    `LOST_ANSWER_RETRY_SECONDS` have passed (then its OperationalError).
+    transaction), again on a new connection when the database does not answer it
+    (`answer_lost`), until `LOST_ANSWER_RETRY_SECONDS` have passed (then its
+    OperationalError). Any other error, OperationalError included, is raised at once.
 
     A write whose answer was lost may have committed: each write retried here finds its
     own first try instead of doing it twice. `record_intent` finds its row by key (and by
@@ -576,8 +593,9 @@ def riding_lost_answers[T](write: Callable[[], T]) -> T:
     while True:
         try:
             return write()
-        except OperationalError:
-            if connection.in_atomic_block or time.monotonic() + delay > deadline:
+        except OperationalError as exc:
+            if (connection.in_atomic_block or not answer_lost(exc)
+                    or time.monotonic() + delay > deadline):
                 raise
         connection.close()  # the next try opens a connection (through libpq's hosts)
         time.sleep(delay)
