@@ -193,8 +193,8 @@ TENANT_ROWS: dict[str, str] = {
     "ledger_evidence": _OF_OPERATION,
     "ledger_operationsearch": _OWN,
     "ledger_coveragereading": _OWN,
-    # (a fact's links to other facts, superseded_by and contradicts, are not checked here:
-    # each would check the fact it links to, and that fact's links, in turn)
+    # (a fact's links to other facts, superseded_by and contradicts, are not checked here, as
+    # a policy cannot read its own table: the trigger fact_insert_check holds them)
     "ledger_fact": f"{_OWN} AND {_of('run', 'run_id', optional=True)}",
     "ledger_factdecision": _OWN,
     "ledger_factconflict": f"{_OWN} AND {_of('fact', 'current_id')} "

@@ -92,7 +92,9 @@ _FACT_IMMUTABLE = f"""
 """
 
 # A new fact is a first version (1), the successor (n + 1) of the version that links to
-# it, or a candidate (no version) that contradicts a current version.
+# it, or a candidate (no version) that contradicts a version of its own tenant, subject and
+# predicate (migration 0057: a link to another tenant's fact is refused; row-level security
+# cannot hold a fact's links to other facts, since a policy cannot read its own table).
 _FACT_INSERT = """
     IF NEW.superseded_by_id IS NOT NULL OR NEW.status NOT IN ('current', 'candidate') THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation',
@@ -118,6 +120,26 @@ _FACT_INSERT = """
             MESSAGE = format('fact %s %s: expected version 1 for a first value, or a link from '
                              'the version it supersedes, found version %s and no link',
                              NEW.subject, NEW.predicate, NEW.version);
+    END IF;
+    IF NEW.contradicts_id IS NOT NULL THEN
+        -- A candidate contradicts a version of its own tenant, subject and predicate (read
+        -- under the writer's row-level security: another tenant's fact is not found).
+        SELECT id, tenant, subject, predicate, version INTO prev
+          FROM ledger_fact WHERE id = NEW.contradicts_id;
+        IF NOT FOUND OR prev.tenant <> NEW.tenant THEN
+            RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
+                MESSAGE = format('fact %s %s: expected the candidate to contradict a fact of '
+                                 'its tenant %s, found fact id %s %s', NEW.subject,
+                                 NEW.predicate, NEW.tenant, NEW.contradicts_id,
+                                 CASE WHEN FOUND THEN 'of another tenant'
+                                      ELSE 'not there or not visible' END);
+        END IF;
+        IF prev.subject <> NEW.subject OR prev.predicate <> NEW.predicate THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation',
+                MESSAGE = format('fact %s %s: expected the candidate to contradict a version '
+                                 'of the same subject and predicate, found %s %s', NEW.subject,
+                                 NEW.predicate, prev.subject, prev.predicate);
+        END IF;
     END IF;
     RETURN NEW;
 """
