@@ -4,18 +4,20 @@ One pydantic model per noun describes its JSON, and one function beside it turns
 that JSON (times in ISO 8601, `iso`): the HTTP API declares its responses with the models,
 so its OpenAPI document is generated from them, and the MCP tools, the hand-off view of
 `runs.resume` and the desk's audit export return the functions' output. Each function is
-derived from its model (`_shape`): a key is written once, in the model, and the row's
-attribute of that name is read, converted by the field's type; only the fields read another
-way are named beside the model, once each. tests/api/test_shapes.py holds every function to
-its model and to the OpenAPI document. A shape changes here, in one place, or not at all:
+derived from its model (`_shape`, `_shaped`): a key is written once, in the model; the
+function reads the row's attribute of that name and converts it by the field's type (a
+`Time` through `iso`, a nested shape through its function), and only a field read another
+way is named beside the model, once. tests/api/test_shapes.py holds every function to its
+model and to the OpenAPI document. A shape changes here, in one place, or not at all:
 clients are built on it.
 
 Functions read only what their row has loaded (a relation used is named in the
-docstring, for the caller to `select_related`); they never query on their own.
-"""
+docstring, for the caller to `select_related`); they never query on their own."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import linecache
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -63,13 +65,21 @@ _ISO = _Mark("ISO")
 Time = Annotated[str, _ISO]
 TimeOrNone = Annotated[str | None, _ISO]
 
-# A field's source: the function's caller passes the value, as a keyword of the field's name.
+# A field's source: the caller passes the value, as a keyword of the field's name.
 GIVEN: Any = _Mark("GIVEN")
 
 _SHAPES: dict[type[BaseModel], Callable[..., dict[str, Any]]] = {}
 
 
+def _shaped(model: type[BaseModel], *, like: Callable[..., dict[str, Any]] | None = None,
+            **sources: Any) -> Callable[[Callable[..., Any]], Callable[..., dict[str, Any]]]:
+    """Make the decorated function (a signature and a docstring, no body) `model`'s shape:
+    `_shape(model, like=like, declared=function, **sources)`."""
+    return lambda declared: _shape(model, like=like, declared=declared, **sources)
+
+
 def _shape(model: type[BaseModel], *, like: Callable[..., dict[str, Any]] | None = None,
+           declared: Callable[..., Any] | None = None,
            **sources: Any) -> Callable[..., dict[str, Any]]:
     """The function that turns a row into `model`'s dict: a key per field, in the model's
     order, each the row's attribute of the field's name.
@@ -80,45 +90,62 @@ def _shape(model: type[BaseModel], *, like: Callable[..., dict[str, Any]] | None
     is. What a name or a path reads, or the caller gives, is converted by the field's type:
     a `Time` goes through `iso`; a shape, a list of shapes, or a shape or None through that
     shape's function (derived before this one). `like`: the shape this model extends, whose
-    exceptions hold here too. A source that names no field of the model is refused here.
+    exceptions hold here too. A source that names no field is refused, here.
+
+    `declared`: a function with the shape's name, signature and docstring and no body (see
+    `_shaped`), which the shape becomes: its first parameter is the row, each keyword-only
+    one a field GIVEN (with its default), and it is called without a layer between.
 
     Compiled once, at import, into one dict display, the code the function would be if
     written by hand: a row costs what it cost by hand, and no pydantic model is built per
-    row. The code is the function's `code` (and its lines show in tracebacks).
+    row. The code is the function's `code` (its lines show in tracebacks).
     """
     if like is not None:
         sources = {**like.sources, **sources}
     fields = model.model_fields
+    name, row, given = f"{model.__name__}_shape", "row", []
+    if declared is not None:
+        name = declared.__name__
+        parameters = inspect.signature(declared).parameters.values()
+        rows = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+        if len(rows) != 1 or len(rows) + sum(p.kind is p.KEYWORD_ONLY for p in parameters) \
+                != len(parameters):
+            raise TypeError(f"expected {name} to take its row and keyword-only fields, found "
+                            f"({', '.join(map(str, parameters))})")
+        row = rows[0]
+        given = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+        sources = {**sources, **dict.fromkeys(given, GIVEN)}
     if unknown := sorted(set(sources) - set(fields)):
         raise TypeError(f"expected sources for fields of {model.__name__}, found {unknown} "
                         f"(its fields: {', '.join(fields)})")
     namespace: dict[str, Any] = {"iso": iso}
-    given: list[str] = []
     items: list[str] = []
-    for name, field in fields.items():
-        source = sources.get(name, name)
+    for field_name, field in fields.items():
+        source = sources.get(field_name, field_name)
         if source is GIVEN:
-            given.append(name)
-            value = _converted(name, field, name, namespace)
+            value = _converted(field_name, field, field_name, namespace)
         elif isinstance(source, str):
             if not all(part.isidentifier() for part in source.split(".")):
                 raise TypeError(f"expected a dotted attribute path for {model.__name__}."
-                                f"{name}, found {source!r}")
-            value = _converted(f"row.{source}", field, name, namespace)
+                                f"{field_name}, found {source!r}")
+            value = _converted(f"{row}.{source}", field, field_name, namespace)
         elif callable(source):
-            namespace[f"_get_{name}"] = source
-            value = f"_get_{name}(row)"
+            namespace[f"_get_{field_name}"] = source
+            value = f"_get_{field_name}({row})"
         else:
             raise TypeError(f"expected a path, GIVEN or a function of the row for "
-                            f"{model.__name__}.{name}, found {source!r}")
-        items.append(f"        {name!r}: {value},\n")
-    parameters = ([] if len(given) == len(fields) else ["row"]) + (["*", *given] if given else [])
-    name = f"{model.__name__}_shape"
+                            f"{model.__name__}.{field_name}, found {source!r}")
+        items.append(f"        {field_name!r}: {value},\n")
+    given = [field_name for field_name in fields if sources.get(field_name) is GIVEN]
+    signature = ([] if len(given) == len(fields) else [row]) + (["*", *given] if given else [])
     filename = f"<ledger.shapes: {name}>"
-    code = f"def {name}({', '.join(parameters)}):\n    return {{\n{''.join(items)}    }}\n"
+    code = f"def {name}({', '.join(signature)}):\n    return {{\n{''.join(items)}    }}\n"
     exec(compile(code, filename, "exec"), namespace)  # noqa: S102 (our own code, from the model)
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     function = namespace[name]
+    if declared is not None:
+        functools.update_wrapper(function, declared)
+        function.__kwdefaults__ = declared.__kwdefaults__
     function.model, function.sources, function.code = model, sources, code
     _SHAPES[model] = function
     return function
@@ -135,12 +162,12 @@ def _converted(expression: str, field: FieldInfo, name: str, namespace: dict[str
         return f"{shape}({expression})"
     if get_origin(annotation) is list and args[0] in _SHAPES:
         namespace[shape] = _SHAPES[args[0]]
-        return f"[{shape}(item) for item in {expression}]"
+        return f"[{shape}(_item) for _item in {expression}]"
     if get_origin(annotation) in (Union, UnionType) and NoneType in args:
         rest = [arg for arg in args if arg is not NoneType]
         if len(rest) == 1 and rest[0] in _SHAPES:
             namespace[shape] = _SHAPES[rest[0]]
-            return f"None if (value := {expression}) is None else {shape}(value)"
+            return f"None if (_value := {expression}) is None else {shape}(_value)"
     if any(isinstance(arg, type) and issubclass(arg, BaseModel) for arg in (annotation, *args)):
         raise TypeError(f"expected the shape of {annotation} (the type of {name}) derived "
                         f"before its model's, found none")
@@ -193,12 +220,9 @@ class OperationOut(BaseModel):
     span_id: str = ""
 
 
-_operation = _shape(OperationOut, run_id=_run_id, step_id=_step_id)
-
-
+@_shaped(OperationOut, run_id=_run_id, step_id=_step_id)
 def operation(op: Operation) -> dict[str, Any]:
     """An operation's receipt (OperationOut). Reads `op.run` and `op.step` when set."""
-    return _operation(op)
 
 
 class RecordedOut(OperationOut):
@@ -209,13 +233,10 @@ class RecordedOut(OperationOut):
         "whose answer was lost: the submission is that request's, nothing was sent since."))
 
 
-_recorded = _shape(RecordedOut, like=_operation, submitted_now=GIVEN, request_repeated=GIVEN)
-
-
+@_shaped(RecordedOut, like=operation)
 def recorded(op: Operation, *, submitted_now: bool,
              request_repeated: bool = False) -> dict[str, Any]:
     """An operation as a request that recorded (and maybe submitted) it (RecordedOut)."""
-    return _recorded(op, submitted_now=submitted_now, request_repeated=request_repeated)
 
 
 class EventOut(BaseModel):
@@ -230,12 +251,9 @@ class EventOut(BaseModel):
     created_at: Time
 
 
-_event = _shape(EventOut)
-
-
+@_shaped(EventOut)
 def event(event: OperationEvent) -> dict[str, Any]:
     """One transition of an operation's timeline (EventOut)."""
-    return _event(event)
 
 
 class EvidenceOut(BaseModel):
@@ -248,12 +266,9 @@ class EvidenceOut(BaseModel):
     created_at: Time
 
 
-_evidence = _shape(EvidenceOut)
-
-
+@_shaped(EvidenceOut)
 def evidence(evidence: Evidence) -> dict[str, Any]:
     """One reconciler verdict with what it saw (EvidenceOut)."""
-    return _evidence(evidence)
 
 
 class ApprovalOut(BaseModel):
@@ -270,20 +285,17 @@ class ApprovalOut(BaseModel):
     requested_at: TimeOrNone
 
 
-_approval = _shape(ApprovalOut)
-
-
+@_shaped(ApprovalOut)
 def approval(status: ApprovalStatus) -> dict[str, Any]:
     """Where an operation stands with approvals (ApprovalOut), from
     `selectors.approval_status`."""
-    return _approval(status)
 
 
 class OperationApprovalOut(OperationOut):
     approval: ApprovalOut
 
 
-_operation_approval = _shape(OperationApprovalOut, like=_operation, approval=GIVEN)
+_operation_approval = _shape(OperationApprovalOut, like=operation, approval=GIVEN)
 
 
 def operation_approval(op: Operation, *, approval_status: ApprovalStatus) -> dict[str, Any]:
@@ -297,7 +309,7 @@ class OperationDetailOut(OperationOut):
     evidence: list[EvidenceOut]
 
 
-_operation_detail = _shape(OperationDetailOut, like=_operation, approval=GIVEN, events=GIVEN,
+_operation_detail = _shape(OperationDetailOut, like=operation, approval=GIVEN, events=GIVEN,
                            evidence=GIVEN)
 
 
@@ -350,13 +362,10 @@ def _conflict_id(fact: Fact) -> int | None:
     return conflict.pk if conflict is not None else None
 
 
-_fact = _shape(FactOut, run_id=_run_id, conflict_id=_conflict_id, expired="is_expired")
-
-
+@_shaped(FactOut, run_id=_run_id, conflict_id=_conflict_id, expired="is_expired")
 def fact(fact: Fact) -> dict[str, Any]:
     """A fact as written (FactOut): a candidate carries the conflict it opened
     (`fact.conflict`, set by `facts.assert_fact`). Reads `fact.run` when set."""
-    return _fact(fact)
 
 
 # --- runs, steps and obligations ---------------------------------------------------------
@@ -368,11 +377,9 @@ class RunOut(BaseModel):
     objective: str
 
 
-_run = _shape(RunOut)
-
-
+@_shaped(RunOut)
 def run(run: Run) -> dict[str, Any]:
-    return _run(run)
+    """A run as started (RunOut)."""
 
 
 class StepOut(BaseModel):
@@ -420,13 +427,9 @@ class HandOffStep(BaseModel):
     committed_at: TimeOrNone
 
 
-_hand_off_step = _shape(
-    HandOffStep, depends_on=lambda step: sorted(d.step_id for d in step.depends_on.all()))
-
-
+@_shaped(HandOffStep, depends_on=lambda step: sorted(d.step_id for d in step.depends_on.all()))
 def hand_off_step(step: Step) -> dict[str, Any]:
     """Reads `step.depends_on` (prefetch it)."""
-    return _hand_off_step(step)
 
 
 class NextMove(BaseModel):
@@ -492,11 +495,9 @@ class HandOffObligation(BaseModel):
     created_at: Time
 
 
-_hand_off_obligation = _shape(HandOffObligation)
-
-
+@_shaped(HandOffObligation)
 def hand_off_obligation(obligation: Obligation) -> dict[str, Any]:
-    return _hand_off_obligation(obligation)
+    """An obligation of the run still open (HandOffObligation)."""
 
 
 class HandOffFact(BaseModel):
@@ -514,14 +515,10 @@ class HandOffFact(BaseModel):
     expired: bool = False
 
 
-_hand_off_fact = _shape(HandOffFact, recorded_at="created_at", run_id=_run_id,
-                        expired="is_expired")
-
-
+@_shaped(HandOffFact, recorded_at="created_at", run_id=_run_id, expired="is_expired")
 def hand_off_fact(fact: Fact) -> dict[str, Any]:
     """A current fact the run wrote, with provenance, expired or not (`expired`). Reads
     `fact.run` when set."""
-    return _hand_off_fact(fact)
 
 
 class HandOffConflict(BaseModel):
@@ -532,13 +529,10 @@ class HandOffConflict(BaseModel):
     candidate_source: str
 
 
-_hand_off_conflict = _shape(HandOffConflict, current_version="current.version",
-                            candidate="candidate.value", candidate_source="candidate.source")
-
-
+@_shaped(HandOffConflict, current_version="current.version", candidate="candidate.value",
+         candidate_source="candidate.source")
 def hand_off_conflict(conflict: FactConflict) -> dict[str, Any]:
     """Reads `conflict.current` and `conflict.candidate` (select them)."""
-    return _hand_off_conflict(conflict)
 
 
 class ResumeOut(BaseModel):
@@ -563,16 +557,13 @@ def _hand_off_operations(view, operations: Iterable[Operation]) -> list[dict[str
                                 relied_on=view.relied_on.get(op.pk, ())) for op in operations]
 
 
-_hand_off = _shape(
-    ResumeOut, run_id="run.run_id", tenant="run.tenant",
-    open_operations=lambda view: _hand_off_operations(view, view.open_operations),
-    blocked_by_stale_facts=lambda view: _hand_off_operations(view, view.blocked_by_stale_facts))
-
-
+@_shaped(ResumeOut, run_id="run.run_id", tenant="run.tenant",
+         open_operations=lambda view: _hand_off_operations(view, view.open_operations),
+         blocked_by_stale_facts=lambda view: _hand_off_operations(
+             view, view.blocked_by_stale_facts))
 def hand_off(view) -> dict[str, Any]:
     """The hand-off view of a run (ResumeOut), from a `runs.Resume` (which offers it as
     `as_dict()`): what a worker taking the run over must know."""
-    return _hand_off(view)
 
 
 # --- the audit log -----------------------------------------------------------------------
@@ -595,10 +586,8 @@ class AuditEventOut(BaseModel):
 
 AUDIT_COLUMNS: tuple[str, ...] = tuple(AuditEventOut.model_fields)
 
-_audit_event = _shape(AuditEventOut, time="created_at", operation_id="operation.operation_id",
-                      operation="operation.operation")
 
-
+@_shaped(AuditEventOut, time="created_at", operation_id="operation.operation_id",
+         operation="operation.operation")
 def audit_event(event: OperationEvent) -> dict[str, Any]:
     """One row of the audit export (AuditEventOut). Reads `event.operation` (select it)."""
-    return _audit_event(event)

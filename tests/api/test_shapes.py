@@ -374,3 +374,32 @@ def test_a_source_for_a_field_the_model_lacks_is_refused_when_the_shape_is_deriv
 
     with pytest.raises(TypeError, match="expected the shape of .*NextMove.* derived before"):
         shapes._shape(Wrapper)
+
+    def declared(run, *, objective, note=""):
+        """A keyword that names no field of the model."""
+
+    with pytest.raises(TypeError, match=r"expected sources for fields of RunOut, found "
+                       r"\['note'\]"):
+        shapes._shaped(shapes.RunOut)(declared)
+
+    def two_rows(run, other):
+        """Two rows."""
+
+    with pytest.raises(TypeError, match=r"expected two_rows to take its row and keyword-only "
+                       r"fields, found \(run, other\)"):
+        shapes._shaped(shapes.RunOut)(two_rows)
+
+
+def test_a_declared_shape_keeps_its_name_signature_and_docstring_and_reads_its_row():
+    import inspect
+
+    assert shapes.recorded.__name__ == "recorded"
+    assert str(inspect.signature(shapes.recorded)) == (
+        "(op: 'Operation', *, submitted_now: 'bool', request_repeated: 'bool' = False) "
+        "-> 'dict[str, Any]'")
+    assert shapes.recorded.__doc__.startswith("An operation as a request that recorded")
+    assert shapes.recorded.code.startswith(
+        "def recorded(op, *, submitted_now, request_repeated):\n    return {\n"
+        "        'operation_id': op.operation_id,\n")
+    assert "'run_id': _get_run_id(op)," in shapes.recorded.code
+    assert "'created_at': iso(op.created_at)," in shapes.recorded.code
