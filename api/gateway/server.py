@@ -51,7 +51,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
 from api import service
-from api.agent import Principal, on_db_thread
+from api.agent import BearerKeyASGI, Principal, on_db_thread
 from api.gateway import config as cfg
 from api.gateway.upstream import UpstreamLink, UpstreamUnreachable
 from ledger.canonical import canonical_json
@@ -188,8 +188,6 @@ class Gateway:
         Mcp-Session-Id (shown on the desk, not part of any key), a 2026-07-28 client sends
         each request on its own, with no session. Its lifespan opens the upstream."""
         from mcp.server.transport_security import TransportSecuritySettings
-
-        from api.mcp import BearerKeyASGI
 
         hosts = list(allowed_hosts)
         security = TransportSecuritySettings(
