@@ -3,9 +3,10 @@
 Two transports, one set of tools: stdio (`manage.py mcp`, the key given once at start) and
 Streamable HTTP at /mcp (`config.asgi`; every request carries `Authorization: Bearer`,
 checked by `BearerKeyASGI`). Each tool calls the same `api.service` function as the HTTP
-API, on a worker thread (`sync_to_async`, thread-sensitive): the event loop never blocks
-on the database. A ledger refusal comes back as a tool error (`isError`) whose text is the
-ledger's message, so the model can read what was expected and what it found.
+API, as the key the shared `api.agent.Principal` gives, on the ORM's thread
+(`api.agent.on_db_thread`): the event loop never blocks on the database. A ledger refusal
+comes back as a tool error (`isError`) whose text is the ledger's message, so the model can
+read what was expected and what it found.
 """
 
 from __future__ import annotations
@@ -16,21 +17,21 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 
-from api import gate, problems, service
-from ledger import agent_keys
-from ledger import conf as ledger_conf
+from api import problems, service
+from api.agent import SCOPE_KEY, BearerKeyASGI, Principal, on_db_thread
 from ledger.errors import LedgerError
-from ledger.models import AgentKey
 
-SCOPE_KEY = "ledger.agent_key"
+# The stdio session's key (`manage.py mcp`): the shared principal, under its former name.
+StdioKey = Principal
+
+__all__ = ["SCOPE_KEY", "BearerKeyASGI", "Principal", "StdioKey", "build_server",
+           "streamable_http_app", "tool_error_text"]
 
 INSTRUCTIONS = """\
 Agent Ledger is the system of record for what you do to the outside world. Before any call
@@ -59,38 +60,24 @@ Tenant = Annotated[str | None, Field(default=None,
                                      description="Default: your key's only tenant.")]
 
 
-class StdioKey:
-    """The key of a stdio session: checked again on every call, so revoking it stops the
-    session at its next tool call."""
-
-    def __init__(self, secret: str):
-        self.secret = secret
-
-    def current(self) -> AgentKey | None:
-        return agent_keys.authenticate(self.secret)
-
-
 def _call(ctx: Context, fn: Callable[..., Any], *args, **kwargs) -> Any:
-    """Run `fn(key, ...)` on the thread Django's ORM uses; ledger refusals -> tool errors."""
+    """Run `fn(key, ...)` on the thread Django's ORM uses, the connection handed back after
+    it as at a request's end; ledger refusals -> tool errors."""
     request = ctx.request_context.request
-    stdio: StdioKey | None = getattr(ctx.mcp_server, "ledger_stdio_key", None)
-    key = request.scope.get(SCOPE_KEY) if request is not None else None
+    principal: Principal = getattr(ctx.mcp_server, "ledger_principal", None) or Principal()
 
     def run():
-        close_old_connections()
         try:
-            principal = key if key is not None else (stdio.current() if stdio else None)
-            if principal is None:
+            key = principal.current(request)
+            if key is None:
                 raise ToolError(
                     "Unauthenticated: expected a live agent key, found it revoked or unknown"
                 )
-            return fn(principal, *args, **kwargs)
+            return fn(key, *args, **kwargs)
         except LedgerError as exc:
             raise ToolError(tool_error_text(problems.from_ledger_error(exc))) from None
-        finally:
-            close_old_connections()
 
-    return sync_to_async(run, thread_sensitive=True)()
+    return on_db_thread(run, release=True)()
 
 
 def tool_error_text(problem: dict[str, Any]) -> str:
@@ -101,7 +88,9 @@ def tool_error_text(problem: dict[str, Any]) -> str:
     return text + (f"\n{json.dumps(extra, default=str)}" if extra else "")
 
 
-def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
+def build_server(principal: Principal | None = None) -> MCPServer:
+    """The ledger's MCP tools, acting as `principal` (over stdio: `Principal(secret)`; over
+    HTTP none: each request's bearer key)."""
     # The SDK configures the root logger (a console handler) when it has none; here the
     # project's LOGGING setting owns logging, so that is undone.
     root = logging.getLogger()
@@ -112,7 +101,7 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
     )
     root.handlers[:] = handlers
     root.setLevel(level)
-    server.ledger_stdio_key = stdio_key
+    server.ledger_principal = principal
 
     @server.tool(
         name="ledger_record_intent",
@@ -396,68 +385,6 @@ def build_server(stdio_key: StdioKey | None = None) -> MCPServer:
 
 
 # --- Streamable HTTP ---------------------------------------------------------------------
-
-
-class BearerKeyASGI:
-    """Lets through only requests with a live agent key (put in the scope for the tools);
-    anything else gets a 401 problem+json, before the MCP SDK sees it."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
-        scheme, _, secret = header.partition(" ")
-        key = None
-        if scheme.lower() == "bearer" and secret:
-            key = await sync_to_async(_authenticate, thread_sensitive=True)(secret.strip())
-        if key is None:
-            return await _send_problem(send, problems.problem(
-                401, "unauthenticated", "Unauthenticated",
-                "expected an Authorization: Bearer header with a live agent key, found "
-                + ("none" if not header else "a key that is malformed, unknown or revoked"),
-            ), (b"www-authenticate", b'Bearer realm="agent-ledger"'))
-        # The body, at most LEDGER_MAX_REQUEST_BYTES (api.gate), read before the SDK sees it.
-        limit = ledger_conf.MAX_REQUEST_BYTES
-        declared = gate.declared_length(dict(scope.get("headers") or ()).get(b"content-length"))
-        if declared is not None and declared > limit:
-            return await _send_problem(send, gate.too_large(declared), (b"connection", b"close"))
-        messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            size += len(message.get("body", b""))
-            if size > limit:
-                return await _send_problem(send, gate.too_large(None),
-                                           (b"connection", b"close"))
-            if not message.get("more_body", False):
-                break
-
-        async def replay():
-            return messages.pop(0) if messages else await receive()
-
-        return await self.app({**scope, SCOPE_KEY: key}, replay, send)
-
-
-async def _send_problem(send, problem: dict[str, Any], *headers: tuple[bytes, bytes]) -> None:
-    body = json.dumps(problem).encode()
-    await send({"type": "http.response.start", "status": problem["status"], "headers": [
-        (b"content-type", b"application/problem+json"),
-        (b"content-length", str(len(body)).encode()), *headers,
-    ]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _authenticate(secret: str) -> AgentKey | None:
-    close_old_connections()
-    try:
-        return agent_keys.authenticate(secret)
-    finally:
-        close_old_connections()
 
 
 def streamable_http_app():

@@ -19,7 +19,9 @@ from ledger import (
     access,
     agent_keys,
     approvals,
+    canonical,
     facts,
+    notifications,
     obligations,
     receipts,
     runs,
@@ -31,9 +33,10 @@ from ledger.errors import (
     InFlight,
     InvalidInput,
     LedgerError,
+    NotFound,
     PermissionDenied,
 )
-from ledger.inputs import check_identifier, check_optional_identifier
+from ledger.inputs import check_identifier, check_optional_identifier, check_paths
 from ledger.models import AgentKey, Obligation, Operation, Run
 from ledger.states import RetryPolicy
 
@@ -89,9 +92,10 @@ def run_of(key: AgentKey, run_id: str, tenant: str | None = None) -> Run:
                       tenant=None if tenant is None else tenant_for(key, tenant))
 
 
-def tenant_for(key: AgentKey, tenant: str | None) -> str:
+def tenant_for(key: AgentKey, tenant: str | None, *, named_by: str = "a tenant") -> str:
     """The tenant a write goes to: the one named (which the key must see), or the key's
-    only tenant, or "default" when the key sees it."""
+    only tenant, or "default" when the key sees it. `named_by`: where the caller names it,
+    for the refusal when it must and does not (the gateway: "[gateway] tenant")."""
     check_optional_identifier(tenant, "tenant", 100)
     if tenant is None:
         if len(key.tenants) == 1:
@@ -99,7 +103,7 @@ def tenant_for(key: AgentKey, tenant: str | None) -> str:
         if "default" in key.tenants:
             return "default"
         raise InvalidInput(
-            f"expected a tenant (key {key.name} sees {sorted(key.tenants)}), found none"
+            f"expected {named_by} (key {key.name} sees {sorted(key.tenants)}), found none"
         )
     if not access.can_see(key, tenant):
         raise PermissionDenied(
@@ -112,7 +116,7 @@ def tenant_for(key: AgentKey, tenant: str | None) -> str:
 # --- operations --------------------------------------------------------------------------
 
 
-def record_intent(
+def record(
     key: AgentKey,
     *,
     operation: str,
@@ -134,10 +138,42 @@ def record_intent(
     relies_on: list[dict[str, Any]] | None = None,
     account: str | None = None,
     request_id: str | None = None,
+) -> Operation:
+    """The operation `receipts.record_intent` recorded or found for this key (its
+    `recorded_now`, and with `submit` its `submitted_now`, say what this call did): what
+    `record_intent` answers with, as the model, for a caller that goes on with it (the MCP
+    gateway). A refusal of the submission is raised with the recorded operation on
+    `.recorded_operation`."""
+    run_obj = run_of(key, run, tenant) if run is not None else None
+    if run_obj is not None and tenant is None:
+        tenant = run_obj.tenant
+    tenant = tenant_for(key, tenant)
+    if not submit and (fencing_token is not None or in_flight_seconds is not None):
+        raise InvalidInput("expected fencing_token and in_flight_seconds only with submit "
+                           f"(found submit {submit!r}): mark it submitted to use them")
+    submission: dict[str, Any] = {}
+    if submit:
+        # A new operation: recorded and submitted in one transaction (one commit).
+        submission = {"submit": True, "fencing_token": fencing_token,
+                      "request_id": request_id}
+        if in_flight_seconds is not None:
+            submission["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
+    return receipts.record_intent(
+        operation, target, intent, tenant=tenant, run=run_obj, step=step,
+        idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
+        redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
+        trace=trace, account=account or "",
+        relies_on=[fact_version(tenant, ref) for ref in relies_on or ()],
+        **submission,
+    )
+
+
+def record_intent(
+    key: AgentKey, *, submit: bool = False, request_id: str | None = None, **arguments: Any
 ) -> tuple[dict[str, Any], bool]:
-    """(the operation, whether this call recorded it). Same key and intent: the existing
-    operation, whatever its state (do not send again). `relies_on`: fact versions named by
-    subject, predicate and version, of the operation's tenant.
+    """(the operation, whether this call recorded it); `arguments` as for `record`. Same key
+    and intent: the existing operation, whatever its state (do not send again). `relies_on`:
+    fact versions named by subject, predicate and version, of the operation's tenant.
 
     `submit`: the intent and its submission in one request (`receipts.record_intent(
     submit=True)`: a new operation in one transaction). An operation (new or found)
@@ -153,29 +189,8 @@ def record_intent(
     repeat that finds the operation still as that submission left it gets the same answer
     (`submitted_now` true, `request_repeated` true): the client that made the submission
     is the one sending, and it has not sent yet. Another id, or none: in flight."""
-    run_obj = run_of(key, run, tenant) if run is not None else None
-    if run_obj is not None and tenant is None:
-        tenant = run_obj.tenant
-    tenant = tenant_for(key, tenant)
-    if not submit and (fencing_token is not None or in_flight_seconds is not None):
-        raise InvalidInput("expected fencing_token and in_flight_seconds only with submit "
-                           f"(found submit {submit!r}): mark it submitted to use them")
-    submission: dict[str, Any] = {}
-    if submit:
-        # A new operation: recorded and submitted in one transaction (one commit).
-        submission = {"submit": True, "fencing_token": fencing_token,
-                      "request_id": request_id}
-        if in_flight_seconds is not None:
-            submission["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
     try:
-        op = receipts.record_intent(
-            operation, target, intent, tenant=tenant, run=run_obj, step=step,
-            idempotency_key=idempotency_key, call=call, fingerprint_fields=fingerprint_fields,
-            redact=redact or (), retry_policy=retry_policy, actor=key.name, keep=keep,
-            trace=trace, account=account or "",
-            relies_on=[fact_version(tenant, ref) for ref in relies_on or ()],
-            **submission,
-        )
+        op = record(key, submit=submit, request_id=request_id, **arguments)
     except LedgerError as exc:
         recorded = getattr(exc, "recorded_operation", None)
         if recorded is not None:  # the submission refused, the intent recorded
@@ -221,9 +236,16 @@ def fact_version(tenant: str, ref: Any) -> Any:
                                   version=ref["version"])
 
 
-def mark(
+def mark(key: AgentKey, operation_id: str, outcome: str, **arguments: Any) -> dict[str, Any]:
+    """Record how the operation's call went (`outcome` one of OUTCOMES; `arguments` as for
+    `mark_operation`): the operation's shape."""
+    return operation_dict(mark_operation(key, access_operation(key, operation_id), outcome,
+                                         **arguments))
+
+
+def mark_operation(
     key: AgentKey,
-    operation_id: str,
+    op: Operation,
     outcome: str,
     *,
     expected_version: int | None = None,
@@ -235,9 +257,11 @@ def mark(
     result_unstorable: str = "",
     error_code: str | None = None,
     detail: str = "",
-) -> dict[str, Any]:
-    """Record how the operation's call went (`outcome` one of OUTCOMES)."""
-    op = access_operation(key, operation_id)
+) -> Operation:
+    """Record how `op`'s call went (`outcome` one of OUTCOMES), the key's name the actor:
+    `op` as the key's own `record` or `access_operation` gave it (an operation of a tenant
+    the key does not see is NotFound, as there). Returns it as the write left it."""
+    _check_own(key, op)
     common = {"fencing_token": fencing_token, "expected_version": expected_version,
               "actor": key.name}
     if outcome == "submitted":
@@ -248,18 +272,25 @@ def mark(
                     f"found {in_flight_seconds!r}"
                 )
             common["in_flight_for"] = _seconds(in_flight_seconds, "in_flight_seconds")
-        op = receipts.mark_submitted(op, **common)
-    elif outcome == "succeeded":
-        op = receipts.mark_succeeded(op, external_id=external_id, evidence=evidence,
-                                     result=result, result_unstorable=result_unstorable,
-                                     **common)
-    elif outcome == "rejected":
-        op = receipts.mark_rejected(op, error_code=error_code, detail=detail, **common)
-    elif outcome == "outcome_unknown":
-        op = receipts.mark_outcome_unknown(op, error_code=error_code, detail=detail, **common)
-    else:
-        raise InvalidInput(f"expected an outcome among {list(OUTCOMES)}, found {outcome!r}")
-    return operation_dict(op)
+        return receipts.mark_submitted(op, **common)
+    if outcome == "succeeded":
+        return receipts.mark_succeeded(op, external_id=external_id, evidence=evidence,
+                                       result=result, result_unstorable=result_unstorable,
+                                       **common)
+    if outcome == "rejected":
+        return receipts.mark_rejected(op, error_code=error_code, detail=detail, **common)
+    if outcome == "outcome_unknown":
+        return receipts.mark_outcome_unknown(op, error_code=error_code, detail=detail,
+                                             **common)
+    raise InvalidInput(f"expected an outcome among {list(OUTCOMES)}, found {outcome!r}")
+
+
+def _check_own(key: AgentKey, op: Operation) -> None:
+    """NotFound, as `access_operation` says it, for an operation of a tenant `key` does not
+    see (no query: the key carries its tenants)."""
+    if not access.can_see(key, op.tenant):
+        raise NotFound(f"expected operation {op.operation_id!r} among the tenants you may "
+                       "see, found none")
 
 
 def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
@@ -273,14 +304,33 @@ def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
 
 def request_approval(key: AgentKey, operation_id: str, *, note: str = "") -> dict[str, Any]:
     """Put the planned operation on the desk's "Awaiting approval" list with the agent's
-    note (`ledger.approvals.request`, the key's name as who asked); the operation with its
-    approval status. Then poll GET operations/{id} until `approval.status` is `approved`
-    (send) or `denied` (do not; `approval.denied_reason` says why)."""
-    op = access_operation(key, operation_id)
-    op = approvals.request(op, note=note, actor=key.name)
+    note (`ask_approval`); the operation with its approval status. Then poll GET
+    operations/{id} until `approval.status` is `approved` (send) or `denied` (do not;
+    `approval.denied_reason` says why)."""
+    op = ask_approval(key, access_operation(key, operation_id), note=note)
     data = operation_dict(op)
     data["approval"] = approval_dict(op)
     return data
+
+
+def ask_approval(key: AgentKey, op: Operation, *, note: str = "",
+                 unless_pending: bool = False) -> Operation:
+    """`ledger.approvals.request` of `op` (as for `mark_operation`), the key's name as who
+    asked; the operation as it is now. `unless_pending`: nothing is written while a request
+    of it is still pending (a caller asking at every repeat of a call keeps the first
+    request's note and time on the desk)."""
+    _check_own(key, op)
+    if unless_pending and selectors.approval_pending(op):
+        return op
+    return approvals.request(op, note=note, actor=key.name)
+
+
+async def await_approval(key: AgentKey, op: Operation, *, timeout: float) -> Operation:
+    """`ledger.approvals.await_decision` of `op` (as for `mark_operation`): the operation as
+    approved (a reviewer may have edited it), ApprovalDenied, or ApprovalRequired when
+    `timeout` seconds pass first. The event loop runs on while it waits."""
+    _check_own(key, op)
+    return await approvals.await_decision(op, timeout=timeout)
 
 
 def approval_dict(op: Operation) -> dict[str, Any]:
@@ -316,6 +366,37 @@ def list_operations(
                                      cursor=cursor or "",
                                      per_page=limit)
     return shapes.operation_page(page.items, page.next_cursor)
+
+
+def desk_url(op: Operation) -> str:
+    """The desk page of `op`: where a person sees it, and settles what the ledger cannot."""
+    return notifications.desk_link(f"operations/{op.operation_id}/")
+
+
+# --- an agent's earlier calls (the MCP gateway's default key) ------------------------------
+
+
+def earlier_call(
+    key: AgentKey, tenant: str, operation: str, intent: dict[str, Any], *,
+    redact: list[str] | None = None, fingerprint_fields: list[str] | None = None,
+) -> selectors.EarlierCall | None:
+    """The last call of `operation` in `tenant` (which the key must see) with the
+    fingerprint `record` would give `intent` (`redact` and `fingerprint_fields` as there), or
+    None: `selectors.earlier_call`."""
+    tenant = tenant_for(key, tenant)
+    fields = None if fingerprint_fields is None else check_paths(fingerprint_fields,
+                                                                 "fingerprint_fields")
+    stored = canonical.redact(intent, check_paths(redact or (), "redact"))
+    return selectors.earlier_call(tenant, operation, canonical.fingerprint(stored, fields))
+
+
+def call_between(key: AgentKey, tenant: str, after: selectors.EarlierCall, *, gateway: str,
+                 resources: list[str] | None = None) -> selectors.EarlierCall | None:
+    """The first call through `gateway` after `after` of the same operation by this key, or
+    naming one of `resources`, in `tenant` (which the key must see):
+    `selectors.call_between`."""
+    return selectors.call_between(tenant_for(key, tenant), after, gateway=gateway,
+                                  caller=key.name, resources=resources or ())
 
 
 # --- facts -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ MCP clients of the official SDK stay connected for the whole run: one to the ups
 to a `manage.py mcp_gateway` where noop is consequential (every call a new receipt: intent,
 submitted, succeeded with its result), one to a gateway where noop passes through. The
 calls are interleaved in rounds, so machine noise hits every side alike. Prints the ratio
-and the milliseconds the receipt adds, per call (medians).
+and the milliseconds the receipt adds, per call (medians), and the p50, p95 and p99 of a
+receipted call.
 
 P9_BEFORE_ROOT=/path/to/another/checkout adds a fourth side: the receipted gateway of that
 tree (its `manage.py mcp_gateway`, on the same database), in the same rounds, so a change
@@ -126,23 +127,31 @@ def main() -> dict:
         "direct_median_ms": direct.median * 1000,
         "receipt_median_ms": receipt.median * 1000,
         "pass_through_median_ms": passing.median * 1000,
+        "receipt_p50_ms": receipt.median * 1000,
         "receipt_p95_ms": receipt.percentile(0.95) * 1000,
+        "receipt_p99_ms": receipt.percentile(0.99) * 1000,
         "calls_per_side": rounds,
     }
     if before_root:
         before = watches["receipt_before"]
         summary.update({"before_receipt_median_ms": before.median * 1000,
                         "before_added_ms": (before.median - direct.median) * 1000,
-                        "before_ratio": before.median / direct.median})
+                        "before_ratio": before.median / direct.median,
+                        "before_receipt_p50_ms": before.median * 1000,
+                        "before_receipt_p99_ms": before.percentile(0.99) * 1000})
     print_table(f"P9 MCP gateway ({rounds} calls per side, stdio, upstream does nothing)", [
         ("straight to the upstream", ms(direct.median)),
         ("through the gateway, pass-through", ms(passing.median)),
         ("through the gateway, with a receipt", ms(receipt.median)),
+        ("receipt p50", ms(receipt.median)),
         ("receipt p95", ms(receipt.percentile(0.95))),
+        ("receipt p99", ms(receipt.percentile(0.99))),
         ("ratio (receipt / direct)", f"{summary['ratio']:.2f}x"),
         ("added per call", f"{summary['added_ms']:.2f} ms"),
         ("pass-through ratio", f"{summary['pass_through_ratio']:.2f}x"),
         *([("the tree before: with a receipt", ms(watches["receipt_before"].median)),
+           ("the tree before: receipt p99", ms(watches["receipt_before"].percentile(0.99))),
+           ("the tree before: ratio (receipt / direct)", f"{summary['before_ratio']:.2f}x"),
            ("the tree before: added per call", f"{summary['before_added_ms']:.2f} ms"),
            ("this tree's receipt / the tree before's",
             f"{receipt.median / watches['receipt_before'].median:.2f}x")]

@@ -11,9 +11,10 @@
 reconcilers for `manage.py reconcile` (setting LEDGER_GATEWAY_CONFIGS).
 """
 
+from api.agent import Principal
 from api.gateway.config import Config, ConfigError
 from api.gateway.config import load as load_config
-from api.gateway.server import Gateway, Principal
+from api.gateway.server import Gateway
 from api.gateway.upstream import UpstreamUnreachable
 
 __all__ = ["Config", "ConfigError", "Gateway", "Principal", "UpstreamUnreachable",

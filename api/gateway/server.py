@@ -3,8 +3,8 @@ every consequential tool call.
 
 Everything but `tools/call` of a consequential tool is forwarded as it is: tool lists
 (names, descriptions, schemas), resources, prompts, completions, and calls of pass-through
-tools. A consequential call goes through the ledger (`ledger.receipts`, acting as the agent
-key, its name the actor on every event):
+tools. A consequential call goes through the ledger's agent door (`api.service`, as HTTP
+and /mcp do: the agent key the principal, its name the actor on every event):
 
     record the intent (redacted, or only `keep`) under the call's idempotency key
     state planned / safe_to_retry -> mark submitted (an approval policy may hold it here)
@@ -27,9 +27,9 @@ key, its name the actor on every event):
     Every request (lists, reads, prompts, completions, any tool call) first checks that
     the key is live and holds the gateway's tenant.
 
-The ledger's writes run on Django's thread-sensitive worker thread (`sync_to_async`), one
-whole write per hop, so no transaction spans an await and the event loop never waits on
-PostgreSQL.
+The ledger's writes run on Django's thread-sensitive worker thread (`api.agent.on_db_thread`),
+one whole write per hop, so no transaction spans an await and the event loop never waits on
+PostgreSQL. The key comes from `api.agent.Principal`, as for /mcp.
 """
 
 from __future__ import annotations
@@ -39,24 +39,22 @@ import json
 import logging
 import uuid
 from contextlib import asynccontextmanager
-from datetime import timedelta
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connection
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 from mcp import InputRequiredRoundsExceededError
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
+from api import service
+from api.agent import BearerKeyASGI, Principal, on_db_thread
 from api.gateway import config as cfg
 from api.gateway.upstream import UpstreamLink, UpstreamUnreachable
-from ledger import access, approvals, conf, notifications, receipts, transitions
-from ledger.canonical import canonical_json, fingerprint, redact, scrub_text
+from ledger.canonical import canonical_json
 from ledger.errors import (
     ApprovalDenied,
     ApprovalRequired,
@@ -66,9 +64,11 @@ from ledger.errors import (
     PermissionDenied,
     StaleVersion,
 )
-from ledger.inputs import check_json, storable
-from ledger.models import AgentKey, ApprovalRequest, Operation
+from ledger.inputs import check_identifier, check_json, storable
 from ledger.states import State
+
+if TYPE_CHECKING:
+    from ledger.models import AgentKey, Operation
 
 logger = logging.getLogger("api.gateway")
 
@@ -97,41 +97,13 @@ IN_FLIGHT_RETRY_AFTER = 1  # seconds
 _SEND, _SETTLED, _APPROVAL, _ANSWER = "send", "settled", "approval", "answer"
 
 
-class Principal:
-    """Where a call's agent key comes from: one secret for the whole process (stdio), or
-    the request's own bearer key (Streamable HTTP, put in the ASGI scope)."""
+@dataclass
+class _Call:
+    """A consequential call in progress: the agent key it is made as (every write of it goes
+    through `api.service` as this key) and its operation as the last write left it."""
 
-    def __init__(self, secret: str | None = None):
-        self.secret = secret
-
-    def current(self, ctx) -> AgentKey | None:
-        """The live key for this request (checked on every call: revoking a key stops it
-        at the next call). Runs on the database thread."""
-        from ledger import agent_keys
-
-        request = getattr(ctx, "request", None)
-        if request is not None:
-            from api.mcp import SCOPE_KEY
-            return request.scope.get(SCOPE_KEY)
-        return agent_keys.authenticate(self.secret) if self.secret else None
-
-
-def _db(fn, *, fresh: bool = True):
-    """`fn` on Django's thread-sensitive thread. `fresh` (the first hop of a request):
-    a connection found stale or broken is replaced first (one health check); after an
-    error the connection is checked again. The hop that records a call's outcome follows
-    its first within the call's timeout and skips the health check's round trip."""
-
-    def run(*args, **kwargs):
-        if fresh:
-            close_old_connections()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if connection.errors_occurred:
-                close_old_connections()
-
-    return sync_to_async(run, thread_sensitive=True)
+    key: AgentKey
+    op: Operation
 
 
 def tool_error(text: str) -> types.CallToolResult:
@@ -217,8 +189,6 @@ class Gateway:
         each request on its own, with no session. Its lifespan opens the upstream."""
         from mcp.server.transport_security import TransportSecuritySettings
 
-        from api.mcp import BearerKeyASGI
-
         hosts = list(allowed_hosts)
         security = TransportSecuritySettings(
             enable_dns_rebinding_protection="*" not in hosts,
@@ -264,16 +234,21 @@ class Gateway:
         its tool is consequential or not. A key that is revoked, or not granted the
         gateway's tenant, is refused with a JSON-RPC error saying so."""
         try:
-            return await _db(self._key_and_tenant)(ctx)
+            return await on_db_thread(self._key_and_tenant)(ctx)
         except LedgerError as exc:
             raise MCPError(types.INVALID_REQUEST,
                            f"Refused by the ledger ({type(exc).__name__}): {exc}") from None
 
     def _key_and_tenant(self, ctx) -> tuple[AgentKey, str]:
-        key = self.principal.current(ctx)
+        key = self.principal.current(getattr(ctx, "request", None))
         if key is None:
             raise PermissionDenied("expected a live agent key, found it revoked or unknown")
-        return key, self._tenant(key)
+        return key, self.tenant_of(key)
+
+    def tenant_of(self, key: AgentKey) -> str:
+        """The gateway's tenant (`[gateway] tenant`, else the key's one tenant), which `key`
+        must hold: `service.tenant_for`, InvalidInput or PermissionDenied."""
+        return service.tenant_for(key, self.config.tenant, named_by="[gateway] tenant")
 
     async def _list_tools(self, ctx, params):
         await self._authorized(ctx)
@@ -372,26 +347,26 @@ class Gateway:
         # One hop to the database thread: the key's check, the idempotency key, the intent
         # and (when it is to be sent) its submission.
         try:
-            step, op = await _db(self._begin)(ctx, tool, arguments, session, meta)
+            step, call = await on_db_thread(self._begin)(ctx, tool, arguments, session, meta)
         except _Unauthorized as refused:
             raise MCPError(types.INVALID_REQUEST, refused.message) from None
         while True:
             if step == _ANSWER:
-                return op
+                return call
             if step == _SEND:
-                return await self._send(tool, op, arguments,
+                return await self._send(tool, call, arguments,
                                         _progress_relay(ctx, params))
             if step == _SETTLED:
-                return await self._settled(tool, op)
+                return await self._settled(tool, call.op)
             # _APPROVAL: a person must approve before it is sent.
-            waited = await self._await_approval(tool, op)
+            waited = await self._await_approval(tool, call)
             if isinstance(waited, types.CallToolResult):
                 return waited
-            step, op = await _db(self._try_submit)(tool, waited)
+            step, call = await on_db_thread(self._try_submit)(tool, waited)
 
     def _begin(self, ctx, tool: cfg.Tool, arguments: dict[str, Any], session: str | None,
                meta: dict[str, Any]):
-        """(what to do next, the operation or the answer). Runs on the database thread."""
+        """(what to do next, the call or the answer). Runs on the database thread."""
         try:
             key, tenant = self._key_and_tenant(ctx)
         except LedgerError as exc:
@@ -411,29 +386,31 @@ class Gateway:
                 op = self._record(key, tenant, tool, arguments, session, found[0],
                                   default=found[1], protocol=protocol)
         except ApprovalRequired as exc:
-            op = exc.recorded_operation
-            op._gateway_actor = key.name
-            return _APPROVAL, op
+            return _APPROVAL, _Call(key, exc.recorded_operation)
         except ApprovalDenied as exc:
             return _ANSWER, _denied(exc.recorded_operation, exc)
         except LedgerError as exc:
             return _ANSWER, tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
+        call = _Call(key, op)
         if op.submitted_now:
-            return _SEND, op
-        return self._try_submit(tool, op)
+            return _SEND, call
+        return self._try_submit(tool, call)
 
-    def _try_submit(self, tool: cfg.Tool, op: Operation):
-        if op.state not in (State.PLANNED, State.SAFE_TO_RETRY):
-            return _SETTLED, op
+    def _try_submit(self, tool: cfg.Tool, call: _Call):
+        if call.op.state not in (State.PLANNED, State.SAFE_TO_RETRY):
+            return _SETTLED, call
         try:
-            return _SEND, self._submit(tool, op)
+            call.op = service.mark_operation(call.key, call.op, "submitted",
+                                             in_flight_seconds=tool.in_flight or None)
+            return _SEND, call
         except ApprovalRequired:
-            return _APPROVAL, op
+            return _APPROVAL, call
         except ApprovalDenied as exc:
-            return _ANSWER, _denied(op, exc)
+            return _ANSWER, _denied(call.op, exc)
         except StaleVersion:
             # Another call of the same key moved it first: answer from its state.
-            return _SETTLED, Operation.objects.get(pk=op.pk)
+            call.op = service.access_operation(call.key, call.op.operation_id)
+            return _SETTLED, call
         except LedgerError as exc:
             return _ANSWER, tool_error(f"Refused by the ledger ({type(exc).__name__}): {exc}")
 
@@ -441,17 +418,16 @@ class Gateway:
                 session: str | None, idempotency_key: str,
                 default: dict[str, Any] | None = None, protocol: str = "") -> Operation:
         """The receipt of the call, recorded and, when new (or planned, or safe to retry),
-        marked submitted in the same commit (`record_intent(submit=True)`): `submitted_now`
+        marked submitted in the same commit (`service.record(submit=True)`): `submitted_now`
         says this call is to send it."""
-        intent = self._intent(key, tool, arguments, session, default, protocol)
-        op = receipts.record_intent(
-            tool.operation, tool.target, intent, tenant=tenant,
-            idempotency_key=idempotency_key, fingerprint_fields=_fields(default),
-            redact=_redact_paths(tool), retry_policy=tool.retry_policy, actor=key.name,
-            submit=True, in_flight_for=_in_flight(tool),
+        return service.record(
+            key, operation=tool.operation, target=tool.target,
+            intent=self._intent(key, tool, arguments, session, default, protocol),
+            tenant=tenant, idempotency_key=idempotency_key,
+            fingerprint_fields=_fields(default), redact=_redact_paths(tool),
+            retry_policy=tool.retry_policy, submit=True,
+            in_flight_seconds=tool.in_flight or None,
         )
-        op._gateway_actor = key.name
-        return op
 
     def _intent(self, key: AgentKey, tool: cfg.Tool, arguments, session: str | None,
                 default: dict[str, Any] | None, protocol: str = "") -> dict[str, Any]:
@@ -486,20 +462,6 @@ class Gateway:
             if value is not cfg.MISSING:
                 out.append(_keyed({"gateway": self.config.name, "resource": value}))
         return out
-
-    def _tenant(self, key: AgentKey) -> str:
-        tenant = self.config.tenant
-        if tenant is None:
-            if len(key.tenants) == 1:
-                return key.tenants[0]
-            if "default" in key.tenants:
-                return "default"
-            raise InvalidInput(f"expected [gateway] tenant (key {key.name} sees "
-                               f"{sorted(key.tenants)}), found none")
-        if not access.can_see(key, tenant):
-            raise PermissionDenied(f"expected key {key.name} to be granted tenant {tenant!r}, "
-                                   f"found it scoped to {sorted(key.tenants)}")
-        return tenant
 
     def _explicit_key(self, tool: cfg.Tool, arguments, meta) -> str | None:
         """The call's key when the client sends one or the tool names its arguments; None
@@ -543,8 +505,9 @@ class Gateway:
                        "arguments": arguments})
         default = {"call": call}
         intent = self._intent(key, tool, arguments, None, default)
-        fp = fingerprint(redact(intent, _redact_paths(tool)), _fields(default))
-        earlier = _earlier(tenant, tool.operation, fp)
+        earlier = service.earlier_call(key, tenant, tool.operation, intent,
+                                       redact=_redact_paths(tool),
+                                       fingerprint_fields=_fields(default))
         if earlier is None:
             return _new_key(call, 0), default
         settled = earlier.state in (State.SUCCEEDED, State.REJECTED, State.ABANDONED)
@@ -552,13 +515,8 @@ class Gateway:
         recent = not settled or age <= tool.retry_window
         between = None
         if recent:
-            same = Q(operation=tool.operation, intent__mcp__caller=key.name)
-            for resource in intent["mcp"].get("resources", ()):
-                same |= Q(intent__mcp__resources__contains=[resource])
-            between = (Operation.objects.filter(tenant=tenant, id__gt=earlier.id,
-                                                intent__mcp__gateway=self.config.name)
-                       .filter(same).order_by("id").only("operation_id", "operation")
-                       .first())
+            between = service.call_between(key, tenant, earlier, gateway=self.config.name,
+                                           resources=intent["mcp"].get("resources"))
             if between is None:
                 return earlier.idempotency_key, default
         if tool.repeat == cfg.REPEAT_ASK:
@@ -576,16 +534,11 @@ class Gateway:
             return answer
         return _new_key(call, earlier.id), default
 
-    def _submit(self, tool: cfg.Tool, op: Operation) -> Operation:
-        actor = getattr(op, "_gateway_actor", None)
-        sent = receipts.mark_submitted(op, actor=actor, in_flight_for=_in_flight(tool))
-        sent._gateway_actor = actor
-        return sent
-
-    async def _await_approval(self, tool: cfg.Tool, op: Operation):
-        """Ask a person (once) and wait up to `approval_wait`; the approved operation, or
-        the tool error the model reads."""
-        await _db(self._request_approval)(tool, op)
+    async def _await_approval(self, tool: cfg.Tool, call: _Call):
+        """Ask a person (once) and wait up to `approval_wait`; the approved call, or the
+        tool error the model reads."""
+        op = call.op
+        await on_db_thread(self._request_approval)(tool, call)
         awaiting = tool_error(
             f"Awaiting approval: operation {op.operation} ({op.operation_id}) needs a "
             "person's approval before it is sent. Call again with the same arguments after "
@@ -593,7 +546,7 @@ class Gateway:
         if tool.approval_wait <= 0:
             return awaiting
         try:
-            approved = await approvals.await_decision(op, timeout=tool.approval_wait)
+            approved = await service.await_approval(call.key, op, timeout=tool.approval_wait)
         except ApprovalRequired:
             return awaiting
         except ApprovalDenied as exc:
@@ -605,33 +558,29 @@ class Gateway:
                 f"Approved with changes: a reviewer edited the arguments of operation "
                 f"{op.operation} ({op.operation_id}); the gateway sends only what the model "
                 f"asked. Read the approved arguments on the review desk; not sent.")
-        approved._gateway_actor = getattr(op, "_gateway_actor", None)
-        return approved
+        return _Call(call.key, approved)
 
-    def _request_approval(self, tool: cfg.Tool, op: Operation) -> None:
-        if ApprovalRequest.objects.filter(operation_id=op.pk,
-                                          status=ApprovalRequest.Status.PENDING).exists():
-            return
-        session = (op.intent.get("mcp") or {}).get("connection", "")
-        approvals.request(op, note=f"MCP tool {tool.name} through gateway "
-                                   f"{self.config.name}, session {session}",
-                          actor=getattr(op, "_gateway_actor", None))
+    def _request_approval(self, tool: cfg.Tool, call: _Call) -> None:
+        session = (call.op.intent.get("mcp") or {}).get("connection", "")
+        service.ask_approval(call.key, call.op, note=f"MCP tool {tool.name} through gateway "
+                                                     f"{self.config.name}, session {session}",
+                             unless_pending=True)
 
-    async def _send(self, tool: cfg.Tool, op: Operation, arguments, progress=None
+    async def _send(self, tool: cfg.Tool, call: _Call, arguments, progress=None
                     ) -> types.CallToolResult:
         """Forward the submitted call and record how it ended; never retries. A reply that
         arrives after the call was settled (the sweep and a reconciler, or a person, moved
         it first) answers from the settled record, never with a protocol error."""
         try:
-            answer = await self._forward_call(tool, op, arguments, progress)
+            answer = await self._forward_call(tool, call, arguments, progress)
         except _MovedOn as moved:
+            call.op = moved.current
             answer = _late(moved.current, moved.reply)
         if answer.is_error or _size(answer) <= self.config.max_forward_bytes:
             return answer
-        recorded = await _db(Operation.objects.get)(pk=op.pk)  # as its outcome left it
-        return self._within_limit(tool.name, answer, recorded)
+        return self._within_limit(tool.name, answer, call.op)  # as its outcome left it
 
-    async def _forward_call(self, tool: cfg.Tool, op: Operation, arguments, progress=None
+    async def _forward_call(self, tool: cfg.Tool, call: _Call, arguments, progress=None
                             ) -> types.CallToolResult:
         client = None
         try:
@@ -644,50 +593,62 @@ class Gateway:
             if code == types.CONNECTION_CLOSED and client is not None:
                 self.link.broken(client)
             if code in NOT_EXECUTED:
-                await self._finish(op, State.REJECTED, error_code=f"mcp_error_{code}",
+                await self._finish(call, State.REJECTED, error_code=f"mcp_error_{code}",
                                    detail=exc.error.message)
                 raise
-            return await self._unknown(tool, op, f"mcp_error_{code}", exc.error.message)
+            return await self._unknown(tool, call, f"mcp_error_{code}", exc.error.message)
         except UpstreamUnreachable as exc:
-            return await self._unknown(tool, op, "upstream_unreachable", str(exc))
+            return await self._unknown(tool, call, "upstream_unreachable", str(exc))
         except InputRequiredRoundsExceededError:
             # A 2026-07-28 tool that asks for input has not completed: the call is made
             # again whole with the answers, so this one did nothing.
             text = input_not_relayed(tool.name)
-            await self._finish(op, State.REJECTED, error_code="input_required", detail=text)
+            await self._finish(call, State.REJECTED, error_code="input_required", detail=text)
             return tool_error(text)
         except Exception as exc:  # a result the SDK refused, a transport failure...
-            return await self._unknown(tool, op, type(exc).__name__, str(exc))
+            return await self._unknown(tool, call, type(exc).__name__, str(exc))
         except BaseException:
             # Cancelled (the client gave up, the gateway is stopping): the request may
             # have reached the upstream.
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._finish(op, State.OUTCOME_UNKNOWN, error_code="cancelled",
+                    await self._finish(call, State.OUTCOME_UNKNOWN, error_code="cancelled",
                                        detail="the call was cancelled after it was forwarded")
                 except _MovedOn:
                     pass  # settled meanwhile: nothing to record, the cancellation goes on
             raise
         if not isinstance(result, types.CallToolResult):
-            return await self._unknown(tool, op, "unexpected_result",
+            return await self._unknown(tool, call, "unexpected_result",
                                        f"a {type(result).__name__} instead of a tool result")
         result = _relayed(result)
         if result.is_error:
             text = _text(result)
             if cfg.classify_error(tool, text, result.structured_content) == cfg.ON_ERROR_UNKNOWN:
                 # Configured as "may have happened": the reconciler proves it either way.
-                return await self._unknown(tool, op, "tool_error", text)
-            await self._finish(op, State.REJECTED, error_code="tool_error", detail=text)
+                return await self._unknown(tool, call, "tool_error", text)
+            await self._finish(call, State.REJECTED, error_code="tool_error", detail=text)
             return result
         external_id, missing = self._external_id(tool, result, arguments)
         if missing:
-            return await self._unknown(tool, op, "external_id_missing", missing)
-        await self._finish(op, State.SUCCEEDED, result=result, external_id=external_id)
+            return await self._unknown(tool, call, "external_id_missing", missing)
+        await self._finish(call, State.SUCCEEDED, result=result, external_id=external_id)
         return result
 
     def _external_id(self, tool: cfg.Tool, result: types.CallToolResult, arguments
                      ) -> tuple[str | None, str]:
-        """(the effect's id or None, "" or why the configured id is missing)."""
+        """(the effect's id or None, "" or why the configured id is missing). An id the
+        ledger would refuse as one (a control character, surrounding whitespace) is
+        missing too: the reconciler reads what the effect's id is."""
+        found, missing = self._configured_id(tool, result, arguments)
+        if found is None or missing:
+            return found, missing
+        try:
+            return check_identifier(found, "the external id", 500), ""
+        except InvalidInput as exc:
+            return None, str(exc)
+
+    def _configured_id(self, tool: cfg.Tool, result: types.CallToolResult, arguments
+                       ) -> tuple[str | None, str]:
         if tool.external_id_template:
             try:
                 value = cfg.render(tool.external_id_template, arguments)
@@ -710,54 +671,47 @@ class Gateway:
                           f"structured result, found {found}")
         return storable(str(value), 500), ""
 
-    async def _unknown(self, tool: cfg.Tool, op: Operation, code: str, detail: str
+    async def _unknown(self, tool: cfg.Tool, call: _Call, code: str, detail: str
                        ) -> types.CallToolResult:
-        await self._finish(op, State.OUTCOME_UNKNOWN, error_code=code, detail=detail)
-        return _unknown_answer(op, f"{code}: {detail}")
+        await self._finish(call, State.OUTCOME_UNKNOWN, error_code=code, detail=detail)
+        return _unknown_answer(call.op, f"{code}: {detail}")
 
-    async def _finish(self, op: Operation, state: str, *, error_code: str = "",
+    async def _finish(self, call: _Call, state: str, *, error_code: str = "",
                       detail: str = "", result: types.CallToolResult | None = None,
                       external_id: str | None = None) -> None:
-        """Record the outcome; _MovedOn (with the operation as it stands) when it was
-        settled before this reply came (StaleVersion, IllegalTransition)."""
+        """Record the outcome through `api.service` as the call's key (`call.op` then is the
+        operation as it left it); _MovedOn (with the operation as it stands, read once) when
+        it was settled before this reply came (StaleVersion, IllegalTransition)."""
         try:
-            await _db(self._write_outcome, fresh=False)(op, state, error_code, detail,
-                                                        result, external_id)
+            call.op = await on_db_thread(self._write_outcome, fresh=False)(
+                call, state, error_code, detail, result, external_id)
         except (StaleVersion, IllegalTransition):
-            current = await _db(Operation.objects.get)(pk=op.pk)
+            current = await on_db_thread(service.access_operation)(call.key,
+                                                                   call.op.operation_id)
             raise _MovedOn(current, result if state == State.SUCCEEDED else None,
                            ) from None
 
-    def _write_outcome(self, op, state, error_code, detail, result, external_id) -> None:
-        actor = getattr(op, "_gateway_actor", None)
-        if state == State.REJECTED:
-            receipts.mark_rejected(op, error_code=error_code, detail=detail, actor=actor)
-        elif state == State.OUTCOME_UNKNOWN:
-            receipts.mark_outcome_unknown(op, error_code=error_code, detail=detail,
-                                          actor=actor)
-        else:
-            stored, why = self._storable(result)
-            changes: dict[str, Any] = {"result": stored, "result_unstorable": why}
-            if external_id:
-                changes["external_id"] = scrub_text(external_id)
-            transitions.by_agent(op, State.SUCCEEDED, actor=actor,
-                                 reason="the upstream MCP server returned a result",
-                                 changes=changes)
+    def _write_outcome(self, call: _Call, state, error_code, detail, result, external_id
+                       ) -> Operation:
+        if state != State.SUCCEEDED:
+            return service.mark_operation(call.key, call.op, state, error_code=error_code,
+                                          detail=detail)
+        return service.mark_operation(call.key, call.op, state, external_id=external_id,
+                                      **self._result_to_store(result))
 
-    def _storable(self, result: types.CallToolResult) -> tuple[Any, str]:
+    def _result_to_store(self, result: types.CallToolResult) -> dict[str, Any]:
+        """What the receipt keeps of `result`: the result itself, which the ledger stores
+        as it stores any (`receipts.storable_result`: JSON, redacted, within
+        LEDGER_MAX_INTENT_BYTES, or why not), unless its JSON is larger than `[gateway]
+        max_result_bytes`: then why it is not stored, and the ledger is spared redacting
+        what it would not keep."""
         value = result.model_dump(by_alias=True, mode="json", exclude_none=True)
-        try:
-            check_json(value, what="result")
-        except InvalidInput as exc:
-            return None, str(exc)[:300]
-        stored = redact(value)
-        size = len(canonical_json(stored).encode("utf-8"))
-        limit = min(self.config.max_result_bytes, conf.MAX_INTENT_BYTES)
+        size = len(canonical_json(value).encode("utf-8"))
+        limit = self.config.max_result_bytes
         if size > limit:
-            return None, (f"a result of {size:,} bytes, above the {limit:,} bytes the "
-                          "gateway stores ([gateway] max_result_bytes, "
-                          "LEDGER_MAX_INTENT_BYTES)")
-        return stored, ""
+            return {"result_unstorable": f"a result of {size:,} bytes, above the {limit:,} "
+                                         "bytes the gateway stores ([gateway] max_result_bytes)"}
+        return {"result": value}
 
     async def _settled(self, tool: cfg.Tool, op: Operation) -> types.CallToolResult:
         """What a call of a key that is not to be sent gets. An ended call's answer is a
@@ -914,7 +868,7 @@ def unknown_policy(op: Operation) -> dict[str, Any]:
         "settled_by": "reconciliation",
         "operation_id": op.operation_id,
         "operation": op.operation,
-        "desk_url": notifications.desk_link(f"operations/{op.operation_id}/"),
+        "desk_url": service.desk_url(op),
         "retry": "call again later with the same arguments to get the settled result",
     }
 
@@ -948,32 +902,6 @@ def _keyed(value: Any) -> str:
     it."""
     return salted_hmac("agent-ledger.gateway", canonical_json(value),
                        algorithm="sha256").hexdigest()[:40]
-
-
-# Every earlier call with the fingerprint, through its index (an ORDER BY id LIMIT 1 would
-# let the planner walk the primary key back through all history). Bound on the server, so
-# PostgreSQL plans it once per connection, not at every call.
-_EARLIER = (f"SELECT id, state, state_changed_at, idempotency_key, operation_id, operation "
-            f"FROM {Operation._meta.db_table} "
-            "WHERE tenant = %s AND operation = %s AND intent_fingerprint = %s")
-
-
-class _Earlier:
-    def __init__(self, row):
-        (self.id, self.state, self.state_changed_at, self.idempotency_key,
-         self.operation_id, self.operation) = row
-
-
-def _earlier(tenant: str, operation: str, fp: str) -> _Earlier | None:
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        raw = ServerBindingCursor(connection.connection)
-    with connection.make_cursor(raw) as cursor:
-        cursor.execute(_EARLIER, [tenant, operation, fp])
-        rows = cursor.fetchall()
-    return _Earlier(max(rows)) if rows else None
 
 
 def _new_key(call: str, after: int) -> str:
@@ -1028,11 +956,6 @@ def _kept(arguments: dict[str, Any], keep: tuple[str, ...]) -> dict[str, Any]:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, default=str)
-
-
-def _in_flight(tool: cfg.Tool) -> timedelta | None:
-    """How long a submission of `tool` is in flight before the sweep may call it unknown."""
-    return timedelta(seconds=tool.in_flight) if tool.in_flight else None
 
 
 def _denied(op: Operation, exc: ApprovalDenied) -> types.CallToolResult:

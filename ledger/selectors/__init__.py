@@ -14,6 +14,8 @@ A principal is a desk user or an agent key (the HTTP API and the MCP tools ask h
   `access_policy`), raising errors.NotFound or errors.PermissionDenied themselves.
   `access_operation` is one prepared statement (`ledger.prepared`), or none when the
   agent key's authentication read the operation with it (`remember_read`).
+- `calls`: an agent's earlier calls, which the MCP gateway decides its default idempotency
+  key with (`earlier_call`, `call_between`), and whether an approval request is pending.
 - `charts`: the overview's grouped counts (the queue's ages, unknown outcomes per
   operation); imported as `ledger.selectors.charts`.
 
@@ -47,6 +49,7 @@ from ledger.selectors.audit import (
     iter_audit_events,
 )
 from ledger.selectors.base import capped_count, fetch_one, lookup_id, visible
+from ledger.selectors.calls import EarlierCall, approval_pending, call_between, earlier_call
 from ledger.selectors.facts import (
     ConflictDetail,
     FactDetail,
@@ -125,4 +128,5 @@ __all__ = [
     "ApprovalStatus", "approval_status", "OperationReceipt", "operation_receipt",
     "operations_page", "remember_read", "access_obligation", "lookup_id",
     "Proposals", "pending_proposal", "proposals_of", "fact_version",
+    "EarlierCall", "earlier_call", "call_between", "approval_pending",
 ]

@@ -5,7 +5,8 @@ import os
 import anyio
 from django.core.management.base import BaseCommand, CommandError
 
-from api.mcp import StdioKey, build_server
+from api.agent import Principal
+from api.mcp import build_server
 
 ENV_KEY = "LEDGER_AGENT_KEY"
 
@@ -22,9 +23,9 @@ class Command(BaseCommand):
         secret = key or os.environ.get(ENV_KEY, "")
         if not secret:
             raise CommandError(f"expected an agent key in --key or ${ENV_KEY}, found neither")
-        stdio_key = StdioKey(secret)
-        if stdio_key.current() is None:
+        principal = Principal(secret)
+        if principal.current() is None:
             raise CommandError("expected a live agent key, found one that is malformed, "
                                "unknown or revoked")
         # stdout is the protocol's channel from here on: nothing else may write to it.
-        anyio.run(build_server(stdio_key).run_stdio_async)
+        anyio.run(build_server(principal).run_stdio_async)

@@ -34,20 +34,18 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         keep_connection()
         principal = Principal(os.environ.get(ENV_KEY, ""))
+        gateway = Gateway(gateway_config, principal=principal)
         if not http:
             if not principal.secret:
                 raise CommandError(f"expected an agent key in ${ENV_KEY}, found none")
-            from ledger import agent_keys
-
-            key = agent_keys.authenticate(principal.secret)
+            key = principal.current()
             if key is None:
                 raise CommandError(f"expected a live agent key in ${ENV_KEY}, found one that "
                                    "is malformed, unknown or revoked")
             try:  # the gateway's tenant, which every request checks again
-                Gateway(gateway_config, principal=principal)._tenant(key)
+                gateway.tenant_of(key)
             except LedgerError as exc:
                 raise CommandError(f"{config}: {exc}") from None
-        gateway = Gateway(gateway_config, principal=principal)
         try:
             if check:
                 anyio.run(self._check, gateway)

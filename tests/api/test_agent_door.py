@@ -1,0 +1,63 @@
+"""The agent door's model-returning functions, which the MCP gateway writes through
+(`api.service.record`, `mark_operation`, `earlier_call`, `call_between`): the key is the
+principal and its name the actor, another tenant's operation is not found, and the earlier
+call is found by the fingerprint `record` gives the intent."""
+
+import pytest
+
+from api import service
+from api.agent import Principal
+from ledger.errors import NotFound
+from ledger.models import Operation
+
+pytestmark = pytest.mark.django_db
+
+
+def intent(n: int, caller: str = "door-bot") -> dict:
+    return {"tool": "create_invoice", "arguments": {"n": n, "api_key": "sk-not-kept"},
+            "mcp": {"gateway": "g", "caller": caller, "connection": f"stdio-{n}"}}
+
+
+def test_a_call_is_recorded_and_settled_as_its_key(make_key):
+    key = Principal(make_key("door-bot")).current()
+    op = service.record(key, operation="invoices.create", target="mcp://g/create_invoice",
+                        intent=intent(1), idempotency_key="k-1", submit=True,
+                        fingerprint_fields=["tool", "arguments"], in_flight_seconds=30)
+    assert op.recorded_now and op.submitted_now and op.state == "submitted"
+    done = service.mark_operation(key, op, "succeeded", external_id="inv-1",
+                                  result={"content": [], "id": "inv-1"})
+    assert done.state == "succeeded" and done.result == {"content": [], "id": "inv-1"}
+    assert [(e.to_state, e.actor_id) for e in done.events.order_by("version")] == [
+        ("planned", "door-bot"), ("submitted", "door-bot"), ("succeeded", "door-bot")]
+
+
+def test_another_tenants_operation_is_not_found_and_not_written(make_key):
+    mine = Principal(make_key("acme-bot", tenants=["acme"])).current()
+    other = Principal(make_key("globex-bot", tenants=["globex"])).current()
+    op = service.record(mine, operation="invoices.create", target="mcp://g/create_invoice",
+                        intent=intent(2), idempotency_key="k-2", submit=True)
+    with pytest.raises(NotFound, match="among the tenants you may see"):
+        service.mark_operation(other, op, "outcome_unknown", error_code="timeout")
+    assert Operation.objects.get(pk=op.pk).state == "submitted"
+
+
+def test_the_earlier_call_is_found_by_the_fingerprint_record_gives(make_key):
+    key = Principal(make_key("door-bot")).current()
+    fields = ["tool", "arguments"]
+    first = service.record(key, operation="invoices.create", target="mcp://g/x",
+                           intent=intent(3), idempotency_key="k-3", redact=["arguments.n"],
+                           fingerprint_fields=fields)
+    # Another session, the same arguments: the same fingerprint (the session is not in it).
+    again = {**intent(3), "mcp": {**intent(3)["mcp"], "connection": "stdio-other"}}
+    found = service.earlier_call(key, "default", "invoices.create", again,
+                                 redact=["arguments.n"], fingerprint_fields=fields)
+    assert found is not None and found.operation_id == first.operation_id
+    assert service.earlier_call(key, "default", "invoices.create", intent(4),
+                                fingerprint_fields=fields) is None
+    assert service.call_between(key, "default", found, gateway="g") is None
+    between = service.record(key, operation="invoices.create", target="mcp://g/x",
+                             intent=intent(5), idempotency_key="k-5")
+    assert service.call_between(key, "default", found, gateway="g").operation_id == \
+        between.operation_id
+    # Calls through another gateway are not its calls.
+    assert service.call_between(key, "default", found, gateway="other") is None
