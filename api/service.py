@@ -58,12 +58,21 @@ OUTCOMES = states.AGENT_OUTCOMES
 MAX_SECONDS = 7 * 24 * 3600
 
 
-def _seconds(value: Any, name: str) -> timedelta:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not 0 <= value <= MAX_SECONDS):
-        raise InvalidInput(f"expected {name} to be a number of seconds from 0 to "
-                           f"{MAX_SECONDS}, found {value!r}")
-    return timedelta(seconds=value)
+def _seconds(value: float | None, name: str, *, most: float | None = MAX_SECONDS
+             ) -> timedelta | None:
+    """Seconds as a timedelta (None stays None), from 0 to `most` (None: the ledger checks
+    the range itself); InvalidInput for anything else."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int | float) or value != value
+            or (most is not None and not 0 <= value <= most)):
+        expected = "a number of seconds" + (f" from 0 to {most:g}" if most is not None else "")
+        raise InvalidInput(f"expected {name} to be {expected}, found {value!r}")
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise InvalidInput(f"expected {name} to be a number of seconds, found "
+                           f"{value!r}") from None
 
 
 # --- fetch and check ---------------------------------------------------------------------
@@ -436,22 +445,9 @@ def assert_fact(
         subject, predicate, value, source=key.name + (f"/{source}" if source else ""),
         observed_at=observed_at, expected_version=expected_version,
         tenant=tenant_for(key, tenant), run=run_obj, fencing_token=fencing_token,
-        expires_at=expires_at, ttl=_seconds(ttl_seconds, "ttl_seconds"),
+        expires_at=expires_at, ttl=_seconds(ttl_seconds, "ttl_seconds", most=None),
     )
     return fact_dict(fact)
-
-
-def _seconds(value: float | None, name: str) -> timedelta | None:
-    """Seconds as a timedelta (None stays None); InvalidInput for what is not a number."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise InvalidInput(f"expected {name} to be a number of seconds, found {value!r}")
-    try:
-        return timedelta(seconds=value)
-    except OverflowError:
-        raise InvalidInput(f"expected {name} to be a number of seconds, found "
-                                  f"{value!r}") from None
 
 
 # --- runs and obligations ----------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from api import service
 from api.agent import Principal
-from ledger.errors import NotFound
+from ledger.errors import InvalidInput, NotFound
 from ledger.models import Operation
 
 pytestmark = pytest.mark.django_db
@@ -61,3 +61,15 @@ def test_the_earlier_call_is_found_by_the_fingerprint_record_gives(make_key):
         between.operation_id
     # Calls through another gateway are not its calls.
     assert service.call_between(key, "default", found, gateway="other") is None
+
+
+@pytest.mark.parametrize("seconds", [8 * 24 * 3600, -1, float("nan"), True, "30"])
+def test_an_in_flight_window_the_door_does_not_take_is_refused_before_anything_is_written(
+        make_key, seconds):
+    key = Principal(make_key("door-bot")).current()
+    with pytest.raises(InvalidInput, match="expected in_flight_seconds to be a number of "
+                                           "seconds from 0 to 604800, found"):
+        service.record(key, operation="invoices.create", target="mcp://g/create_invoice",
+                       intent=intent(4), idempotency_key="k-4", submit=True,
+                       in_flight_seconds=seconds)
+    assert not Operation.objects.filter(idempotency_key="k-4").exists()
