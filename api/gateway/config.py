@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledger.inputs import check_operation_name
+from ledger.errors import InvalidInput
+from ledger.inputs import check_identifier, check_operation_name
 from ledger.states import RetryPolicy
 
 PASS_THROUGH = "pass-through"
@@ -111,6 +112,9 @@ class Tool:
     external_id_template: str = ""
     timeout: float = DEFAULT_TIMEOUT
     retry_policy: str = RetryPolicy.IF_ABSENT_PROVEN
+    # The provider account its calls act as (a label, never a credential): on each
+    # receipt, for the reconciler to read as; None: [gateway] account.
+    account: str | None = None
     approval_wait: float = 0.0
     in_flight: float | None = None
     reconcile: Reconcile | None = None
@@ -155,6 +159,12 @@ class Config:
     max_forward_bytes: int = DEFAULT_MAX_FORWARD_BYTES
     # Refuse to start while a consequential tool has no key rule (instead of a warning).
     require_key_rule: bool = False
+    # The provider account of every consequential tool that names none ("": none).
+    account: str = ""
+
+    def account_of(self, tool: Tool) -> str:
+        """The provider account `tool`'s receipts name: its own, else the gateway's."""
+        return self.account if tool.account is None else tool.account
 
     def tool(self, name: str) -> Tool:
         """The configuration of tool `name`: pass-through when it is not listed."""
@@ -185,7 +195,7 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
     t.only({"gateway", "upstream", "tools"})
     gateway = _Table(t.get("gateway", dict, {}), "[gateway]", source)
     gateway.only({"name", "tenant", "max_result_bytes", "max_forward_bytes",
-                  "require_key_rule"})
+                  "require_key_rule", "account"})
     name = gateway.get("name", str, "upstream")
     if not _PATH.fullmatch(name):
         gateway.fail("name", "letters, digits, '_' or '-'", repr(name))
@@ -194,6 +204,7 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
     if max_result < 1:
         gateway.fail("max_result_bytes", "a positive number of bytes", max_result)
     require_key_rule = gateway.get("require_key_rule", bool, False)
+    account = _account(gateway, "")
     max_forward = gateway.get("max_forward_bytes", int, DEFAULT_MAX_FORWARD_BYTES)
     if max_forward < 1:
         gateway.fail("max_forward_bytes", "a positive number of bytes", max_forward)
@@ -206,7 +217,7 @@ def parse(data: dict[str, Any], *, source: str = "<config>", base: Path | None =
         tools[tool_name] = _tool(tool_name, _Table(raw, f"[tools.{tool_name}]", source), name)
     return Config(path=source, name=name, tenant=tenant, max_result_bytes=max_result,
                   upstream=upstream, tools=tools, max_forward_bytes=max_forward,
-                  require_key_rule=require_key_rule)
+                  require_key_rule=require_key_rule, account=account)
 
 
 def _upstream(t: _Table, base: Path | None) -> Upstream:
@@ -242,7 +253,7 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     t.only({"mode", "operation", "target", "key", "keep", "redact", "external_id",
             "external_id_template", "timeout", "retry_policy", "approval_wait", "in_flight",
             "reconcile", "on_error", "rejected_when", "unknown_when", "error_code",
-            "retry_window", "repeat", "resource"})
+            "retry_window", "repeat", "resource", "account"})
     mode = t.get("mode", str, None)
     if mode is not None and mode not in (PASS_THROUGH, CONSEQUENTIAL):
         t.fail("mode", f"{PASS_THROUGH!r} or {CONSEQUENTIAL!r}", repr(mode))
@@ -297,6 +308,7 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
     retry_policy = t.get("retry_policy", str, RetryPolicy.IF_ABSENT_PROVEN)
     if retry_policy not in RetryPolicy.values:
         t.fail("retry_policy", f"one of {sorted(RetryPolicy.values)}", repr(retry_policy))
+    account = _account(t, None)
     in_flight = t.get("in_flight", (int, float), None)
     if in_flight is not None and not 0 < in_flight <= 7 * 86400:
         t.fail("in_flight", "seconds, more than 0 and at most 7 days", in_flight)
@@ -335,10 +347,23 @@ def _tool(name: str, t: _Table, gateway_name: str) -> Tool:
         reconcile=reconcile, on_error=on_error,
         rejected_when=tuple(patterns["rejected_when"]),
         unknown_when=tuple(patterns["unknown_when"]), error_code=error_code,
-        retry_window=retry_window, repeat=repeat, resource=tuple(resource),
+        retry_window=retry_window, repeat=repeat, resource=tuple(resource), account=account,
         key_configured="key" in t.data, mode_configured=mode is not None,
         mode_source="config" if mode is not None else "settings",
     )
+
+
+def _account(t: _Table, default: str | None) -> str | None:
+    """`account`: a provider account label as the ledger takes it (a short name, no control
+    characters or surrounding spaces; "" for none)."""
+    account = t.get("account", str, default)
+    if account:
+        try:
+            check_identifier(account, "account", 200)
+        except InvalidInput:
+            t.fail("account", "a provider account label (at most 200 characters, no control "
+                   "characters, no surrounding spaces)", repr(account)[:220])
+    return account
 
 
 def default_operation(gateway_name: str, tool_name: str) -> str:
@@ -596,7 +621,7 @@ def resolve(config: Config, annotations: dict[str, dict[str, Any]]) -> Config:
     return Config(path=config.path, name=config.name, tenant=config.tenant,
                   max_result_bytes=config.max_result_bytes, upstream=config.upstream,
                   tools=tools, max_forward_bytes=config.max_forward_bytes,
-                  require_key_rule=config.require_key_rule)
+                  require_key_rule=config.require_key_rule, account=config.account)
 
 
 def _auto(config: Config, name: str, source: str) -> Tool:

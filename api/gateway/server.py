@@ -426,7 +426,7 @@ class Gateway:
             tenant=tenant, idempotency_key=idempotency_key,
             fingerprint_fields=_fields(default), redact=_redact_paths(tool),
             retry_policy=tool.retry_policy, submit=True,
-            in_flight_seconds=tool.in_flight or None,
+            in_flight_seconds=tool.in_flight or None, account=self.config.account_of(tool),
         )
 
     def _intent(self, key: AgentKey, tool: cfg.Tool, arguments, session: str | None,

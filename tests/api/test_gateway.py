@@ -194,6 +194,23 @@ def test_one_effect_per_key_through_dropped_replies_and_requests(make_key, tmp_p
     assert "timed out" in ops["r-2"].events.get(to_state="outcome_unknown").reason
 
 
+def test_the_receipt_names_the_provider_account_the_configuration_gives(make_key, tmp_path):
+    """`account` in the TOML (the tool's, else [gateway]'s) is on every receipt, for the
+    reconciler to read as; it is part of the key's identity, not of the intent."""
+    secret = make_key("billing-bot")
+    config = write_config(tmp_path, extra='account = "acct_billing_eu"')
+
+    async def main():
+        async with through_gateway(config, secret) as client:
+            done = await client.call_tool("create_invoice", invoice("r-acct"))
+            assert not done.is_error, done.content
+
+    anyio.run(main)
+    op = Operation.objects.get()
+    assert (op.account, op.state) == ("acct_billing_eu", "succeeded")
+    assert "acct_billing_eu" not in json.dumps(op.intent)
+
+
 def test_a_refusal_is_rejected_and_not_sent_again(make_key, tmp_path):
     """A tool error is rejected by default; one the configuration's unknown_when matches
     (a transient 503) is outcome_unknown, for the reconciler to prove absent."""

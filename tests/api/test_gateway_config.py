@@ -82,6 +82,11 @@ def test_a_good_configuration_reads_with_its_defaults():
      "[tools.create_invoice] unknown_when: expected a list of regular expressions, found '('"),
     (('external_id = "id"', 'external_id = "id"\nretry_window = -1'),
      "[tools.create_invoice] retry_window: expected seconds, from 0 to 86400, found -1"),
+    (('external_id = "id"', 'external_id = "id"\naccount = " acct_1"'),
+     "[tools.create_invoice] account: expected a provider account label (at most 200 "
+     "characters, no control characters, no surrounding spaces), found ' acct_1'"),
+    (("[upstream]\ncommand", "[gateway]\naccount = 7\n[upstream]\ncommand"),
+     "[gateway] account: expected a string, found int"),
 ])
 def test_each_mistake_names_its_table_key_expected_and_found(change, message):
     old, new = change
@@ -90,6 +95,17 @@ def test_each_mistake_names_its_table_key_expected_and_found(change, message):
         parse(GOOD.replace(old, new, 1))
     assert str(refused.value).startswith("g.toml: ")
     assert message in str(refused.value)
+
+
+def test_the_provider_account_is_the_tool_s_own_else_the_gateway_s():
+    config = parse('[gateway]\naccount = "acct_main"\n' + GOOD + """
+[tools.refund]
+mode = "consequential"
+account = "acct_refunds"
+""")
+    assert config.account_of(config.tools["create_invoice"]) == "acct_main"
+    assert config.account_of(config.tools["refund"]) == "acct_refunds"
+    assert parse(GOOD).account_of(parse(GOOD).tools["create_invoice"]) == ""
 
 
 def test_a_pass_through_tool_takes_no_settings():
