@@ -81,11 +81,24 @@ screenshots: install
 	LEDGER_UPDATE_SCREENSHOTS=1 $(PY) -m pytest -q tests/e2e/test_docs_screenshots.py
 
 # Migrations first: a model, or the transition table behind the operations trigger
-# (ledger/states.py), changed without its migration fails here. The documentation site is
-# built strictly by the suite itself (tests/test_docs.py), once.
+# (ledger/states.py), changed without its migration fails here (and the embedded server is
+# started, before any worker needs it). The documentation site is built strictly by the
+# suite itself (tests/test_docs.py). Then the suite in two parts: all but the
+# server-dependent tests on TEST_WORKERS workers (pytest-xdist; each worker has a test
+# database of its own, a test file stays on one worker), then the server-dependent ones
+# alone (tests/conftest.py's SERVER_DEPENDENT: they create and alter the server's roles,
+# which every database's logins share). A part that PYTEST_ARGS leaves empty (pytest's
+# exit status 5) is not a failure; both empty is.
+TEST_WORKERS ?= 2
 test: install
 	$(PY) manage.py makemigrations --check --dry-run
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@echo "== the suite but the server-dependent tests, on $(TEST_WORKERS) workers"
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --server-tests=without $(PYTEST_ARGS); \
+	rest=$$?; echo "== the server-dependent tests, alone"; \
+	$(PY) -m pytest --server-tests=only $(PYTEST_ARGS); server=$$?; \
+	if [ $$rest -eq 5 ] && [ $$server -eq 5 ]; then exit 5; fi; \
+	for status in $$rest $$server; do \
+		if [ $$status -ne 0 ] && [ $$status -ne 5 ]; then exit $$status; fi; done
 
 # The process tests that matter behind a real PgBouncer in transaction mode (Debian's
 # pgbouncer, started on a loopback port for the session: tests/ha/pooler.py): every child

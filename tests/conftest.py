@@ -33,11 +33,47 @@ SERVER_DEPENDENT = {
 }
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--server-tests", choices=("with", "without", "only"), default="with",
+        help="with (default), without or only the server-dependent tests (SERVER_DEPENDENT). "
+             "`make test` runs the rest on parallel workers (pytest-xdist), then these alone: "
+             "they create and alter the server's roles, which every worker's logins share.")
+
+
 def pytest_collection_modifyitems(config, items):
     root = config.rootpath
+    keep = config.getoption("server_tests")
+    selected, deselected = [], []
     for item in items:
-        if item.path.relative_to(root).as_posix() in SERVER_DEPENDENT:
+        server = item.path.relative_to(root).as_posix() in SERVER_DEPENDENT
+        if server:
             item.add_marker(pytest.mark.server)
+        (selected if keep == "with" or server == (keep == "only") else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The documentation site built offline and strictly, once for the session: the docs
+    tests read its files (tests/test_docs.py), the browser opens them
+    (tests/e2e/test_docs_site.py)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.processes import ROOT
+
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+        text=True, timeout=300,
+    )
+    assert done.returncode == 0, f"expected a strict build, found:\n{done.stderr[-4000:]}"
+    return out
 
 
 @pytest.fixture

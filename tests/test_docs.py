@@ -2,27 +2,12 @@
 from the code, and loads nothing from another origin."""
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support.processes import ROOT
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, f"expected a strict build, found:\n{done.stderr[-4000:]}"
-    return out
 
 
 def page_text(site: Path, uri: str) -> str:

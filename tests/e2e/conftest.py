@@ -19,7 +19,11 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 PASSWORD = "correct horse battery staple"
 
 
-@pytest.fixture(scope="session")
+# One browser per test module, not per session: Playwright's sync API keeps its event loop
+# running in this thread while the browser lives, and a test that starts a loop of its own
+# (asyncio.run) after the browser tests on the same worker (`make test`'s parallel workers
+# take whole test files in no fixed order) would find it running.
+@pytest.fixture(scope="module")
 def chromium():
     if not Path(CHROMIUM).exists():
         message = (f"NO CHROMIUM AT {CHROMIUM}: the browser tests did NOT run "

@@ -1,27 +1,9 @@
 """The documentation site as a reader's browser shows it, opened from files as `make docs`
 leaves it (site/index.html)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.support.processes import ROOT
-
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
-        cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
-        text=True, timeout=300,
-    )
-    assert done.returncode == 0, f"expected a strict build, found:\n{done.stderr[-4000:]}"
-    return out
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1280])

@@ -254,7 +254,8 @@ def test_purge_seals_first_and_the_function_refuses_an_unsealed_operation():
 
 def sealer_backends(raw) -> list[tuple]:
     return raw.execute("SELECT pid, state, xact_start IS NOT NULL FROM pg_stat_activity "
-                       "WHERE application_name = 'ledger seal'").fetchall()
+                       "WHERE application_name = 'ledger seal' "
+                       "AND datname = current_database()").fetchall()  # not another worker's
 
 
 @pytest.mark.django_db(transaction=True)
