@@ -728,7 +728,8 @@ def claim_next(
 ) -> Claim | None:
     """Claim the next operation due for reconciliation, or None when there is none.
 
-    Due: `reconciling` whose lease has expired (its worker died; these first), or
+    Due: `reconciling` whose lease has expired (its worker died) or is this worker's own
+    (a claim it did not settle: its connection was lost; these first), or
     `outcome_unknown` whose `next_attempt_at` has come and that no reviewer holds a live
     claim on (`ledger.claims`: the claim pauses it; the oldest due first). Rows locked
     by another claimer are skipped, so many workers never claim the same operation. The
@@ -746,22 +747,26 @@ def claim_next(
 
 
 # Due: reconciling whose lease has expired (its worker died; few rows, each looked up in
-# the lease's unique index), then outcome_unknown whose next attempt has come (in claim
-# order straight from the partial index operation_due_idx, so a claim reads one row rather
-# than sorting every due one). One statement, written out once and prepared: every worker
-# runs it before every operation, and compiling it through the ORM cost more CPU than the
-# rest of a claim. The second look runs only when the first found nothing (its one-time
-# filter), so a claim locks one row at most. An operation a reviewer has claimed
-# (ledger.claims, a live ledger_claim row, looked up in its unique index) is not due while
-# the claim lasts: the person decides, the reconciler does not move it under them. One
-# already in `reconciling` when claimed is finished as before.
+# the lease's unique index) or is this worker's own (a claim it never settled: the verdict's
+# transaction, or the claim's own answer, was lost with its connection, say in a failover;
+# it takes it back at its next pass instead of waiting out its own lease), then
+# outcome_unknown whose next attempt has come (in claim order straight from the partial
+# index operation_due_idx, so a claim reads one row rather than sorting every due one). One
+# statement, written out once and prepared: every worker runs it before every operation,
+# and compiling it through the ORM cost more CPU than the rest of a claim. The second look
+# runs only when the first found nothing (its one-time filter), so a claim locks one row at
+# most. An operation a reviewer has claimed (ledger.claims, a live ledger_claim row, looked
+# up in its unique index) is not due while the claim lasts: the person decides, the
+# reconciler does not move it under them. One already in `reconciling` when claimed is
+# finished as before.
 _CLAIM = f"""
     WITH orphaned AS MATERIALIZED (
         SELECT {rows.OPERATION_COLUMNS} FROM ledger_operation
          WHERE state = '{State.RECONCILING}'
            AND NOT EXISTS (SELECT 1 FROM ledger_lease
                             WHERE resource = 'reconcile:' || ledger_operation.operation_id
-                              AND expires_at > statement_timestamp())
+                              AND expires_at > statement_timestamp()
+                              AND owner <> %(worker)s)
            AND NOT (id = ANY(%(skip)s::bigint[]))
          ORDER BY id
          LIMIT 1
@@ -787,7 +792,8 @@ def _claim(worker: str, lease_ttl: timedelta | None, skip: set[int]) -> Claim | 
     with transaction.atomic(durable=True):
         excluded = sorted(skip)
         with prepared_cursor() as cursor:
-            cursor.execute(_CLAIM, {"skip": excluded, "now": timezone.now()})
+            cursor.execute(_CLAIM, {"skip": excluded, "now": timezone.now(),
+                                    "worker": worker})
             row = cursor.fetchone()
         if row is None:
             return None

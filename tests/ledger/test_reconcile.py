@@ -294,6 +294,22 @@ def test_a_late_write_from_a_worker_whose_lease_was_taken_over_is_refused_and_le
     assert last_event(op).fencing_token == b.token
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_whose_verdict_was_lost_is_taken_back_by_its_worker_at_once():
+    """A worker whose connection went before its verdict was stored (a failover) finds its
+    own claim at its next pass, without waiting out its own lease; another worker leaves
+    that live lease alone."""
+    op = unknown("found:article-c")
+    lost = reconcile.claim_next(worker="a", lease_ttl=timedelta(minutes=5))
+    assert lost.operation.pk == op.pk  # ... and its verdict is never stored
+    assert reconcile.claim_next(worker="b") is None
+    assert reconcile.run_once(worker="a") == 1
+    op.refresh_from_db()
+    assert op.state == State.SUCCEEDED
+    assert last_event(op).fencing_token > lost.token
+    assert "taken over" not in last_event(op).reason
+
+
 @reconcile.register("test.slow")
 class Slow(reconcile.Reconciler):
     """Sleeps in every lookup; the first three calls meet at a barrier (all three workers
