@@ -31,7 +31,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from ledger import access, conf, transitions
+from ledger import access, audited, conf, transitions
 from ledger.canonical import canonical_json, check_json, fingerprint, redact, scrub_text
 from ledger.errors import (
     ApprovalDenied,
@@ -101,25 +101,8 @@ def set_policy(
     access.require_tenant(user, tenant)
     values = {"requires_approval": requires_approval, "approvals_needed": approvals_needed,
               "approval_ttl": ttl, "consequential": consequential}
-    now = timezone.now()
-    with transaction.atomic(durable=True):
-        policy = (ApprovalPolicy.objects.select_for_update()
-                  .filter(tenant=tenant, pattern=pattern).first())
-        before = None if policy is None else policy.as_audit_dict()
-        if policy is None:
-            policy = ApprovalPolicy(pattern=pattern, tenant=tenant, created_at=now)
-        for name, value in values.items():
-            setattr(policy, name, value)
-        if before == policy.as_audit_dict():
-            return policy
-        policy.updated_by = user
-        policy.updated_at = now
-        policy.save()
-        ApprovalPolicyChange.objects.create(
-            tenant=tenant, pattern=pattern, before=before, after=policy.as_audit_dict(),
-            changed_by=user, changed_by_name=user.get_username(), changed_at=now,
-        )
-    return policy
+    return audited.set_policy_row(ApprovalPolicy, ApprovalPolicyChange, tenant=tenant,
+                                  pattern=pattern, values=values, user=user)
 
 
 def policies_for(tenant: str, operation: str):

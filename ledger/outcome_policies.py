@@ -17,10 +17,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import transaction
-from django.utils import timezone
-
-from ledger import access, conf
+from ledger import access, audited, conf
 from ledger.errors import InvalidInput
 from ledger.inputs import (
     check_duration,
@@ -66,29 +63,9 @@ def set_policy(
     access.require_tenant(user, tenant)
     values = {"automatic_retry": automatic_retry, "attempts": attempts,
               "not_yet_window": window}
-    now = timezone.now()
-    with transaction.atomic(durable=True):
-        policy = (UnknownOutcomePolicy.objects.select_for_update()
-                  .filter(tenant=tenant, pattern=pattern).first())
-        before = None if policy is None else policy.as_audit_dict()
-        if policy is None:
-            policy = UnknownOutcomePolicy(pattern=pattern, tenant=tenant, created_at=now)
-        for name, value in values.items():
-            setattr(policy, name, value)
-        if before == policy.as_audit_dict():
-            return policy
-        policy.updated_by = user
-        policy.updated_at = now
-        if before is None:
-            policy.save()
-        else:  # the desk may update these columns alone (ledger.db_roles)
-            policy.save(update_fields=[*values, "updated_by", "updated_at"])
-        UnknownOutcomePolicyChange.objects.create(
-            tenant=tenant, pattern=pattern, before=before, after=policy.as_audit_dict(),
-            reason=reason, changed_by=user, changed_by_name=user.get_username(),
-            changed_at=now,
-        )
-    return policy
+    return audited.set_policy_row(UnknownOutcomePolicy, UnknownOutcomePolicyChange,
+                                  tenant=tenant, pattern=pattern, values=values, user=user,
+                                  reason=reason)
 
 
 def policies_page(user) -> dict:
