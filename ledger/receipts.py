@@ -264,23 +264,21 @@ def record_intent(
         return existing
 
     def recorded() -> Operation:
-        # Each statement below stands alone (see transitions.single_statement): the look-up
-        # spares a replay the insert, and the insert keeps the key unique by itself.
-        # Retried when PostgreSQL's answer is lost: the look-up then finds the row an
-        # earlier try committed, and the generated id says it is this call's own
-        # (`landed_before`: written by a try of this call whose answer never came).
+        # Each statement below stands alone (see transitions.single_statement). The insert
+        # comes first: a new key, the common case, is one statement; a key already taken
+        # (a replay, or a concurrent recorder that won) writes nothing, and its row is read
+        # after. Retried when PostgreSQL's answer is lost: the insert then finds the key
+        # taken by the row an earlier try committed, and the generated id says it is this
+        # call's own (`landed_before`: written by a try of this call whose answer never
+        # came).
         def write() -> Operation:
             with transitions.single_statement():
+                candidate = new()
+                if transitions.record(candidate, actor=actor or ""):
+                    candidate.recorded_now = True
+                    candidate.landed_before = False
+                    return candidate
                 existing = found(_existing(tenant, operation, idempotency_key))
-                if existing is None:
-                    candidate = new()
-                    # A concurrent recorder of the same key loses quietly (nothing written)
-                    # and reads the winner's row below.
-                    if transitions.record(candidate, actor=actor or ""):
-                        candidate.recorded_now = True
-                        candidate.landed_before = False
-                        return candidate
-                    existing = found(_existing(tenant, operation, idempotency_key))
                 existing.recorded_now = existing.landed_before = (
                     existing.operation_id == generated)
                 return existing
@@ -289,25 +287,32 @@ def record_intent(
 
     if not submit:
         return recorded()
-    op = found(transitions.riding_lost_answers(
-        lambda: _existing(tenant, operation, idempotency_key)))
+    candidate = new()
+    if validation.has_checks() and validation.refusal(candidate):
+        # Refused by its kind's checks: the intent alone (or the operation its key already
+        # names), then mark_submitted records the refusal (abandoned, with the reason) and
+        # raises ValidationRefused.
+        return _submitted_now(recorded(), actor=actor, fencing_token=fencing_token,
+                              in_flight_for=in_flight_for, request_id=request_id)
+    # The intent and its submission first, without a look-up: a key already taken writes
+    # nothing there (the insert finds it taken, the change finds no new row), and only
+    # then is its row read.
+    changes, reason = _submission(candidate, in_flight_for, request_id)
+    taken = False
+    try:
+        if transitions.record_and_submit(candidate, actor=actor or "", reason=reason,
+                                         changes=changes, fencing_token=fencing_token):
+            candidate.recorded_now = candidate.submitted_now = True
+            return candidate
+        taken = True
+    except (LedgerError, DatabaseError):
+        # The submission refused (rolled back with the intent), or its answer lost: the
+        # intent alone, then the submission apart, which says why (as mark_submitted
+        # always has).
+        pass
+    op = (found(transitions.riding_lost_answers(
+        lambda: _existing(tenant, operation, idempotency_key))) if taken else None)
     if op is None:
-        candidate = new()
-        if validation.has_checks() and validation.refusal(candidate):
-            # Refused by its kind's checks: the intent alone, then mark_submitted records
-            # the refusal (abandoned, with the reason) and raises ValidationRefused.
-            return _submitted_now(recorded(), actor=actor, fencing_token=fencing_token,
-                                  in_flight_for=in_flight_for, request_id=request_id)
-        changes, reason = _submission(candidate, in_flight_for, request_id)
-        try:
-            if transitions.record_and_submit(candidate, actor=actor or "", reason=reason,
-                                             changes=changes, fencing_token=fencing_token):
-                candidate.recorded_now = candidate.submitted_now = True
-                return candidate
-        except (LedgerError, DatabaseError):
-            # The submission refused (rolled back with the intent): the intent alone, then
-            # the submission apart, which says why (as mark_submitted always has).
-            pass
         op = recorded()
         if (op.landed_before and op.state == states.State.SUBMITTED and op.version == 2):
             # The intent and its submission committed together, and the answer was lost:

@@ -174,6 +174,7 @@ def test_the_hot_statements_are_prepared_on_the_server():
     # at every call (bench/ P1 measures the difference).
     op = record(idempotency_key="k-prepared")
     receipts.mark_submitted(op)
+    assert record(idempotency_key="k-prepared").pk == op.pk  # a replay: the look-up
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [row[0] for row in cursor.fetchall()]
