@@ -304,8 +304,8 @@ def _check_own(key: AgentKey, op: Operation) -> None:
 
 def get_operation(key: AgentKey, operation_id: str) -> dict[str, Any]:
     """The receipt with its events (oldest first), evidence and approval status (the gate,
-    the request). Four queries, five with `access_operation`'s own look-up (none when the
-    key's authentication read the operation)."""
+    the request). One query (`selectors.operation_receipt`), two with `access_operation`'s
+    own look-up (none when the key's authentication read the operation)."""
     found = selectors.operation_receipt(key, operation_id)
     return shapes.operation_detail(found.operation, events=found.events,
                                    evidence_rows=found.evidence, approval_status=found.approval)
@@ -343,7 +343,7 @@ async def await_approval(key: AgentKey, op: Operation, *, timeout: float) -> Ope
 
 
 def approval_dict(op: Operation) -> dict[str, Any]:
-    """Where the operation stands with approvals (two queries; `selectors.approval_status`,
+    """Where the operation stands with approvals (one query; `selectors.approval_status`,
     shaped as `shapes.approval`)."""
     return shapes.approval(selectors.approval_status(op))
 

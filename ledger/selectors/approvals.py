@@ -5,9 +5,10 @@ status of each)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.db.models.expressions import RawSQL
@@ -69,9 +70,17 @@ def gate(op: Operation) -> Gate:
     with prepared_cursor() as cursor:
         cursor.execute(_GATE, [op.pk])
         row = cursor.fetchone()
+    return _gate_from_row(op, row)
+
+
+_GATE_WIDTH = len(fields(Gate))
+
+
+def _gate_from_row(op: Operation, row: Sequence[Any] | None) -> Gate:
+    """The gate from a row that starts with `_GATE`'s columns (None: it found no row)."""
     if row is None:
         raise InvalidInput(f"expected operation {op.operation_id} in the ledger, found none")
-    return Gate(*row)
+    return Gate(*row[:_GATE_WIDTH])
 
 
 # The gate's `needed` of the operation joined as "ledger_operation" (visible_awaiting).
@@ -104,15 +113,27 @@ _REQUEST_ROWS = rows.ModelRows(ApprovalRequest)
 _REQUEST_OF = (f"SELECT {_REQUEST_ROWS.columns} FROM {_REQUEST_ROWS.table}"
                f" WHERE {_REQUEST_ROWS.column('operation')} = %s ORDER BY id LIMIT 1")
 
+# The gate and the request in one row: the gate's columns, then the request's (all NULL
+# without one); no row for an operation not in the ledger. Its parameters: the
+# operation's pk, twice. `operation_receipt` reads it within its own statement.
+APPROVAL_STATUS_SQL = f"SELECT g.*, r.* FROM ({_GATE}) g LEFT JOIN ({_REQUEST_OF}) r ON true"
+APPROVAL_STATUS_WIDTH = _GATE_WIDTH + len(_REQUEST_ROWS.fields)
+
 
 def approval_status(op: Operation) -> ApprovalStatus:
-    """The operation's approval status now (two prepared statements: the gate, the
+    """The operation's approval status now (one prepared statement: the gate with the
     request)."""
-    current = gate(op)
     with prepared_cursor() as cursor:
-        cursor.execute(_REQUEST_OF, [op.pk])
+        cursor.execute(APPROVAL_STATUS_SQL, [op.pk, op.pk])
         row = cursor.fetchone()
-    asked = None if row is None else _REQUEST_ROWS.instance(row)
+    return approval_status_from_row(op, row)
+
+
+def approval_status_from_row(op: Operation, row: Sequence[Any] | None) -> ApprovalStatus:
+    """The approval status of `op` from a row that starts with `APPROVAL_STATUS_SQL`'s
+    columns (None: it found no row, and InvalidInput says so as `gate` does)."""
+    current = _gate_from_row(op, row)
+    asked = None if row[_GATE_WIDTH] is None else _REQUEST_ROWS.instance(row[_GATE_WIDTH:])
     if current.denial is not None:
         status = "denied"
     elif current.needed == 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
@@ -28,7 +29,12 @@ from ledger.models import (
 )
 from ledger.models.operations import Conflict
 from ledger.prepared import prepared_cursor
-from ledger.selectors.approvals import ApprovalStatus, approval_status
+from ledger.selectors.approvals import (
+    APPROVAL_STATUS_SQL,
+    APPROVAL_STATUS_WIDTH,
+    ApprovalStatus,
+    approval_status_from_row,
+)
 from ledger.selectors.base import fetch_one, lookup_id, visible
 from ledger.selectors.pagination import Page, check_per_page, key_page, keyset_page
 from ledger.states import RetryPolicy, State
@@ -92,25 +98,69 @@ class OperationReceipt:
 
 
 _EVENT_ROWS = rows.ModelRows(OperationEvent)
-_EVENTS_OF = (f"SELECT {_EVENT_ROWS.columns} FROM {_EVENT_ROWS.table}"
-              f" WHERE {_EVENT_ROWS.column('operation')} = %s ORDER BY version")
 _EVIDENCE_ROWS = rows.ModelRows(Evidence)
-_EVIDENCE_OF = (f"SELECT {_EVIDENCE_ROWS.columns} FROM {_EVIDENCE_ROWS.table}"
-                f" WHERE {_EVIDENCE_ROWS.column('operation')} = %s ORDER BY created_at, id")
+
+
+def _receipt_sql() -> str:
+    """The approval status, the events and the evidence of one operation in one statement:
+    a UNION ALL whose rows are tagged by kind (0: `approval_status`'s row, as its own
+    statement reads it; 1: an event; 2: evidence), each kind's columns in a block of their
+    own and NULL elsewhere. Every column keeps its table's type, so psycopg decodes each
+    value as it does for the ORM (no JSON round trip turning times into text). Ordered by
+    kind, the events by version, the evidence by (created_at, id). Its parameters: the
+    operation's pk, four times.
+
+    PostgreSQL types a UNION's columns pair by pair from the left, and two bare NULLs make
+    text: the approval status comes first, so its NULLs elsewhere take its types; a model's
+    NULLs are cast to its columns' types."""
+
+    def nulls(model_rows: rows.ModelRows) -> str:
+        return ", ".join(f"NULL::{f.db_type(connection)}" for f in model_rows.fields)
+
+    def columns(model_rows: rows.ModelRows, alias: str) -> str:
+        return ", ".join(f"{alias}.{connection.ops.quote_name(f.column)}"
+                         for f in model_rows.fields)
+
+    status_nulls = ", ".join(["NULL"] * APPROVAL_STATUS_WIDTH)
+    # 1-based positions of the sort keys in the combined row (the kind is column 1).
+    events_at = 2 + APPROVAL_STATUS_WIDTH
+    evidence_at = events_at + len(_EVENT_ROWS.fields)
+    version = events_at + _EVENT_ROWS.fields.index(OperationEvent._meta.get_field("version"))
+    created_at = evidence_at + _EVIDENCE_ROWS.fields.index(
+        Evidence._meta.get_field("created_at"))
+    evidence_id = evidence_at + _EVIDENCE_ROWS.fields.index(Evidence._meta.pk)
+    return f"""
+SELECT 0, s.*, {nulls(_EVENT_ROWS)}, {nulls(_EVIDENCE_ROWS)}
+  FROM ({APPROVAL_STATUS_SQL}) s
+UNION ALL
+SELECT 1, {status_nulls}, {columns(_EVENT_ROWS, "e")}, {nulls(_EVIDENCE_ROWS)}
+  FROM {_EVENT_ROWS.table} e WHERE e.{_EVENT_ROWS.column("operation")} = %s
+UNION ALL
+SELECT 2, {status_nulls}, {nulls(_EVENT_ROWS)}, {columns(_EVIDENCE_ROWS, "v")}
+  FROM {_EVIDENCE_ROWS.table} v WHERE v.{_EVIDENCE_ROWS.column("operation")} = %s
+ORDER BY 1, {version}, {created_at}, {evidence_id}
+"""
+
+
+_RECEIPT = _receipt_sql()
+_EVENTS_AT = 1 + APPROVAL_STATUS_WIDTH
+_EVIDENCE_AT = _EVENTS_AT + len(_EVENT_ROWS.fields)
 
 
 def operation_receipt(user, operation_id: str) -> OperationReceipt:
     """The operation `operation_id` with its events, evidence and approval status (as
-    `access_operation` fetches and checks it): four queries after that look-up, each a
-    prepared statement written out once (an agent polls this), without the ORM's query
-    compilation."""
+    `access_operation` fetches and checks it): one query after that look-up, a prepared
+    statement written out once (an agent polls this), without the ORM's query compilation.
+    Its approval status is `approval_status`'s, read by the same SQL; the events and the
+    evidence are the instances the ORM would make, in the same order."""
     op = access_operation(user, operation_id)
-    status = approval_status(op)
     with prepared_cursor() as cursor:
-        cursor.execute(_EVENTS_OF, [op.pk])
-        events = [_EVENT_ROWS.instance(row) for row in cursor.fetchall()]
-        cursor.execute(_EVIDENCE_OF, [op.pk])
-        evidence = [_EVIDENCE_ROWS.instance(row) for row in cursor.fetchall()]
+        cursor.execute(_RECEIPT, [op.pk, op.pk, op.pk, op.pk])
+        found = cursor.fetchall()
+    status_row = found[0][1:] if found and found[0][0] == 0 else None
+    status = approval_status_from_row(op, status_row)
+    events = [_EVENT_ROWS.instance(row[_EVENTS_AT:]) for row in found if row[0] == 1]
+    evidence = [_EVIDENCE_ROWS.instance(row[_EVIDENCE_AT:]) for row in found if row[0] == 2]
     return OperationReceipt(operation=op, approval=status, events=events, evidence=evidence)
 
 

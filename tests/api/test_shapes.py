@@ -31,7 +31,7 @@ from ledger import (
     selectors,
     shapes,
 )
-from ledger.models import Evidence, Operation, OperationEvent
+from ledger.models import ApprovalRequest, Evidence, Operation, OperationEvent
 from tests.api import shapes_by_hand as _ByHand
 from tests.factories import UserFactory, add_evidence
 
@@ -360,6 +360,42 @@ def test_each_function_answers_exactly_its_models_fields_in_order():
     held(shapes.operation_approval(op, approval_status=status), shapes.OperationApprovalOut)
     assert shapes.operation_approval(op, approval_status=status) == {
         **shapes.operation(op), "approval": shapes.approval(status)}
+
+
+def test_a_receipt_read_in_one_statement_holds_what_the_orm_and_the_gate_read():
+    # `operation_receipt` reads the approval status, events and evidence in one UNION;
+    # each value must come back as the ORM decodes it (repr: type, time zone, JSON).
+    rows = _every_state()
+    root = UserFactory(username="receipt-root", tenants=[])
+    root.is_superuser = True
+    doubt = next(o for o in rows["operations"] if o.state == "outcome_unknown")
+    add_evidence(doubt, verdict="absent", observed={"at": None, "n": [1.5, "x"]},
+                 query={"q": "é"}, detail="")
+    add_evidence(doubt, verdict="not_yet", observed={}, matched_by="external_id")
+
+    def values(instances) -> list[list[tuple[str, str]]]:
+        return [[(f.attname, repr(getattr(i, f.attname))) for f in i._meta.concrete_fields]
+                for i in instances]
+
+    for op in rows["operations"]:
+        found = selectors.operation_receipt(root, op.operation_id)
+        events = OperationEvent.objects.filter(operation=op).order_by("version")
+        evidence = Evidence.objects.filter(operation=op).order_by("created_at", "id")
+        assert values(found.events) == values(events), op.state
+        assert values(found.evidence) == values(evidence), op.state
+        gate = approvals.gate(op)
+        request = ApprovalRequest.objects.filter(operation=op).first()
+        assert repr(found.approval) == repr(selectors.ApprovalStatus(
+            status=found.approval.status, needed=gate.needed, live=gate.have,
+            policies=gate.patterns, denied_reason=gate.denial,
+            intent_fingerprint=gate.intent_fingerprint, requested=request is not None,
+            note=request.note if request else "",
+            requested_at=request.requested_at if request else None)), op.state
+        assert found.approval == selectors.approval_status(op), op.state
+    assert len(Evidence.objects.filter(operation=doubt)) == 3
+    assert {selectors.approval_status(o).status for o in rows["operations"]} == {
+        "not_required", "awaiting", "denied"}
+    assert any(selectors.approval_status(o).requested for o in rows["operations"])
 
 
 def test_a_source_for_a_field_the_model_lacks_is_refused_when_the_shape_is_derived():
