@@ -88,6 +88,9 @@ class AgainstTree:
     its own, one side of one round at a time."""
 
     def __init__(self, root: Path):
+        if not (root / "manage.py").is_file() or not (root / "ledger").is_dir():
+            raise SystemExit(f"expected --against to name a checkout of the project (its "
+                             f"manage.py and ledger/), found {root}")
         self.root = root
         self.database = against_database(root)
         ensure_database(self.database)
@@ -228,8 +231,8 @@ def main() -> dict | None:
             ledger_action_three_commits()
             dbos_action()
         quiet_server()
-        print_table("P10 sides", list(forms.items())
-                    + ([("against's database", against.database)] if against else []))
+        if against:
+            print_table("P10 sides", [*forms.items(), ("against's database", against.database)])
         names = list(sides)
         for writers in WRITERS:
             watches = {name: Stopwatch(name) for name in names}
