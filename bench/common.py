@@ -4,6 +4,7 @@ Every benchmark runs on the PostgreSQL the project uses (the embedded one, or th
 named by DATABASE_URL) but in its own database, `agent_ledger_bench`, so the demo data is
 never touched. Ratios are the claim: both sides of a comparison run in the same process,
 interleaved in rounds, so machine noise hits both alike. Absolute times are printed too.
+Results go to bench/results/latest.json, or to the file LEDGER_BENCH_RESULTS names.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "latest.json"
+RESULTS = Path(os.environ.get("LEDGER_BENCH_RESULTS")
+               or ROOT / "bench" / "results" / "latest.json")
 BENCH_DATABASE = os.environ.get("LEDGER_BENCH_DATABASE", "agent_ledger_bench")
 
 
@@ -31,27 +33,46 @@ def setup_django() -> None:
     from django.conf import settings
 
     settings.DEBUG = False
-    _ensure_database()
+    ensure_database()
     django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0, interactive=False)
 
 
-def _ensure_database() -> None:
+def ensure_database(name: str = BENCH_DATABASE) -> None:
+    """Create database `name` on the server of the project's settings, if it is missing."""
     import psycopg
-    from django.conf import settings
     from psycopg import sql
 
+    with psycopg.connect(**_server_params("postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                            [name]).fetchone():
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def database_url(name: str, **query: str) -> str:
+    """A postgres:// URL of database `name` on the server of the project's settings (for a
+    child process's DATABASE_URL); `query`: parameters such as application_name."""
+    from urllib.parse import quote, urlencode
+
+    params = _server_params(name)
+    auth = quote(params.get("user", ""), safe="") + (
+        f":{quote(params['password'], safe='')}" if params.get("password") else "")
+    port = f":{params['port']}" if params.get("port") else ""
+    return (f"postgres://{auth}@{quote(params.get('host', '127.0.0.1'), safe='')}{port}/"
+            f"{quote(name, safe='')}" + (f"?{urlencode(query)}" if query else ""))
+
+
+def _server_params(dbname: str) -> dict:
+    from django.conf import settings
+
     db = dict(settings.DATABASES["default"])
-    params = {"dbname": "postgres", "user": db.get("USER") or None,
+    params = {"dbname": dbname, "user": db.get("USER") or None,
               "password": db.get("PASSWORD") or None, "host": db.get("HOST") or None,
               "port": db.get("PORT") or None,  # several hosts: the primary among them
               "target_session_attrs": db.get("OPTIONS", {}).get("target_session_attrs")}
-    with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                            [BENCH_DATABASE]).fetchone():
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DATABASE)))
+    return {k: str(v) for k, v in params.items() if v}
 
 
 def quiet_server(timeout: float = 120.0) -> None:

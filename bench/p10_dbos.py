@@ -13,22 +13,50 @@ alternating who goes first, in interleaved rounds), it prints each side's throug
 latency, and the ratios ledger / DBOS (throughput; above 1, the ledger does more actions
 a second). DBOS is a benchmark-only extra (`pip install -e '.[bench]'`); without it, P10
 says so and skips.
+
+With `--against PATH` (another checkout of the project, e.g. `git worktree add /tmp/old
+f39b862`), that tree's action runs beside these, round by round, in a child process of its
+own (bench/against.py: its `sys.path` is that checkout, the interpreter this one) on a
+database of its own on the same server (`<bench database>_against_<digest of its
+migrations>`, migrated by that tree's `manage.py migrate`: an older tree has other
+migrations). Its action takes the forms its decorator has (`submit=True`, else the
+decorator as it is; printed), and P10 adds the ratios this tree / against, throughput, at
+1 and 8 writers: the tree before a change, measured in the same run as the change.
+
+    .venv/bin/python bench/p10_dbos.py --scale quick
+    .venv/bin/python bench/p10_dbos.py --against /tmp/old
+    .venv/bin/python bench/p10_dbos.py --against /tmp/old --rounds 2 --seconds 0.5
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-import threading
-import time
+import json
+import os
+import subprocess
+import sys
 import uuid
+from functools import partial
+from pathlib import Path
 
 if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Stopwatch, ms, parse_args, print_table, quiet_server, record, setup_django
+from bench.against import run_writers
+from bench.common import (
+    BENCH_DATABASE,
+    ROOT,
+    Stopwatch,
+    database_url,
+    ensure_database,
+    ms,
+    parse_args,
+    print_table,
+    quiet_server,
+    record,
+    setup_django,
+)
 
 # (rounds, seconds per side and round)
 SCALES = {"quick": (3, 3.0), "full": (5, 6.0)}
@@ -55,41 +83,79 @@ def system_database_url() -> str:
                       database=db["NAME"]).render_as_string(hide_password=False)
 
 
-def run_side(fn, writers: int, seconds: float, watch: Stopwatch) -> tuple[int, float]:
-    """`fn` in a loop on `writers` threads for `seconds`: (calls made, seconds taken)."""
-    from django.db import connection
+class AgainstTree:
+    """Another checkout's action, run in a child process (bench/against.py) on a database of
+    its own, one side of one round at a time."""
 
-    stop = time.monotonic() + seconds
-    samples: list[list[float]] = [[] for _ in range(writers)]
-    errors: list[BaseException] = []
+    def __init__(self, root: Path):
+        if not (root / "manage.py").is_file() or not (root / "ledger").is_dir():
+            raise SystemExit(f"expected --against to name a checkout of the project (its "
+                             f"manage.py and ledger/), found {root}")
+        self.root = root
+        self.database = against_database(root)
+        ensure_database(self.database)
+        env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings",
+                   LEDGER_DATABASE_NAME=self.database, PYTHONUNBUFFERED="1",
+                   DATABASE_URL=database_url(self.database,
+                                             application_name="bench-p10-against"))
+        migrate = subprocess.run([sys.executable, "manage.py", "migrate", "--no-input",
+                                  "--verbosity", "0"], cwd=root, env=env,
+                                 capture_output=True, text=True)
+        if migrate.returncode != 0:
+            raise SystemExit(f"expected {root}'s manage.py migrate to migrate {self.database},"
+                             f" found exit {migrate.returncode}:\n{migrate.stderr[-3000:]}")
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "against.py"), str(root)], cwd=root,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.forms: dict[str, str] = self._answer()["forms"]
 
-    def writer(k: int) -> None:
+    def _answer(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"expected the child running {self.root}'s action to answer, "
+                             f"found it exited {self.process.wait(timeout=30)} (its stderr "
+                             "is above)")
+        return json.loads(line)
+
+    def _ask(self, request: dict) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._answer()
+
+    def warm(self, count: int) -> None:
+        self._ask({"warm": count})
+
+    def run(self, side: str, writers: int, seconds: float) -> tuple[int, float, list[float]]:
+        done = self._ask({"side": side, "writers": writers, "seconds": seconds})
+        return done["calls"], done["elapsed"], done["samples"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
         try:
-            while time.monotonic() < stop:
-                started = time.perf_counter()
-                fn()
-                samples[k].append(time.perf_counter() - started)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
-        finally:
-            connection.close()
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process.stdout.close()
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    for part in samples:
-        watch.samples.extend(part)
-    return sum(len(part) for part in samples), elapsed
+
+def against_database(root: Path) -> str:
+    """The bench database's name + `_against_` + a digest of `root`'s migrations: a tree
+    with other migrations gets another database, one with the same ones reuses it."""
+    digest = hashlib.sha256()
+    for path in sorted(root.glob("*/migrations/*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return f"{BENCH_DATABASE}_against_{digest.hexdigest()[:8]}"
 
 
 def main() -> dict | None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0],
+                      against={"type": Path, "default": None,
+                               "help": "another checkout whose action runs beside these"},
+                      rounds={"type": int, "default": None,
+                              "help": "rounds (default: the scale's)"},
+                      seconds={"type": float, "default": None,
+                               "help": "seconds a side and round (default: the scale's)"})
     dbos = dbos_or_none()
     if dbos is None:
         print("P10 skipped: DBOS Transact is not installed; it is a benchmark-only extra: "
@@ -99,6 +165,7 @@ def main() -> dict | None:
     from ledger import receipts
 
     rounds, seconds = SCALES[args.scale]
+    rounds, seconds = args.rounds or rounds, args.seconds or seconds
     run = uuid.uuid4().hex[:10]
     counter = itertools.count()
 
@@ -143,21 +210,37 @@ def main() -> dict | None:
         with dbos.SetWorkflowID(f"p10-{run}-{title}"):
             dbos_workflow(title)
 
-    for _ in range(20):  # warm both sides
-        ledger_action()
-        ledger_action_three_commits()
-        dbos_action()
-    quiet_server()
-    sides = [("ledger", ledger_action), ("ledger, 3 commits", ledger_action_three_commits),
-             ("DBOS", dbos_action)]
-    results: dict = {"scale": args.scale}
+    # side -> a round of it: (writers, seconds) -> (calls, seconds taken, each call's time)
+    sides = {"ledger": partial(run_writers, ledger_action),
+             "ledger, 3 commits": partial(run_writers, ledger_action_three_commits),
+             "DBOS": partial(run_writers, dbos_action)}
+    forms = {"ledger": "receipts.action (submit=True by default: 2 commits)",
+             "ledger, 3 commits": "receipts.action(submit=False) (3 commits)",
+             "DBOS": "DBOS.workflow with one DBOS.step, its id the key"}
+    results: dict = {"scale": args.scale, "rounds": rounds, "seconds": seconds}
+    against = None
     try:
+        if args.against is not None:
+            against = AgainstTree(args.against.resolve())
+            for name, form in against.forms.items():
+                sides[name] = partial(against.run, name)
+                forms[name] = f"{form}, in {against.root}"
+            against.warm(20)
+        for _ in range(20):  # warm every side
+            ledger_action()
+            ledger_action_three_commits()
+            dbos_action()
+        quiet_server()
+        if against:
+            print_table("P10 sides", [*forms.items(), ("against's database", against.database)])
+        names = list(sides)
         for writers in WRITERS:
-            watches = {name: Stopwatch(name) for name, _ in sides}
-            done = {name: [0, 0.0] for name, _ in sides}
+            watches = {name: Stopwatch(name) for name in names}
+            done = {name: [0, 0.0] for name in names}
             for r in range(rounds):
-                for name, fn in sides if r % 2 == 0 else sides[::-1]:
-                    calls, took = run_side(fn, writers, seconds, watches[name])
+                for name in names if r % 2 == 0 else names[::-1]:
+                    calls, took, samples = sides[name](writers, seconds)
+                    watches[name].samples.extend(samples)
                     done[name][0] += calls
                     done[name][1] += took
             per_s = {name: calls / took for name, (calls, took) in done.items()}
@@ -165,24 +248,43 @@ def main() -> dict | None:
                 name: {"actions_per_s": per_s[name],
                        "median_ms": watches[name].median * 1000,
                        "p99_ms": watches[name].percentile(0.99) * 1000}
-                for name, _ in sides
+                for name in names
             }
             entry["ratio"] = per_s["ledger"] / per_s["DBOS"]
             entry["ratio_three_commits"] = per_s["ledger, 3 commits"] / per_s["DBOS"]
-            results[f"writers_{writers}"] = entry
-            print_table(f"P10 an action, {writers} writer(s), {rounds} rounds of "
-                        f"{seconds:g} s a side", [
+            rows = [
                 *((name, f"{per_s[name]:8.0f} actions/s, median "
                          f"{ms(watches[name].median)}, p99 {ms(watches[name].percentile(0.99))}")
-                  for name, _ in sides),
+                  for name in names),
                 ("ledger / DBOS (throughput)", f"{entry['ratio']:.2f}x; in 3 commits "
                                                f"{entry['ratio_three_commits']:.2f}x"),
-            ])
+            ]
+            if against:
+                # Without submit= the older tree's one form is the 3-commit one.
+                three = "against, 3 commits" if "against, 3 commits" in per_s else "against"
+                entry["ratio_against"] = per_s["ledger"] / per_s["against"]
+                entry["ratio_against_three_commits"] = per_s["ledger, 3 commits"] / per_s[three]
+                rows.append(("this tree / against (throughput)",
+                             f"{entry['ratio_against']:.2f}x; in 3 commits "
+                             f"{entry['ratio_against_three_commits']:.2f}x ({three})"))
+            results[f"writers_{writers}"] = entry
+            print_table(f"P10 an action, {writers} writer(s), {rounds} rounds of "
+                        f"{seconds:g} s a side", rows)
     finally:
+        if against:
+            against.close()
         dbos.DBOS.destroy()
         del dbos_app
     results["ratio"] = results["writers_1"]["ratio"]
     results["ratio_8"] = results["writers_8"]["ratio"]
+    results["forms"] = forms
+    results["against"] = None if against is None else {
+        "root": str(against.root), "database": against.database,
+        "ratio": results["writers_1"]["ratio_against"],
+        "ratio_8": results["writers_8"]["ratio_against"],
+        "ratio_three_commits": results["writers_1"]["ratio_against_three_commits"],
+        "ratio_three_commits_8": results["writers_8"]["ratio_against_three_commits"],
+    }
     record("P10", results)
     return results
 

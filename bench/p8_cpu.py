@@ -45,13 +45,21 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "clients" / "python"))
 
-from bench.common import ROOT, ms, parse_args, print_table, quiet_server, record, setup_django
+from bench.common import (
+    ROOT,
+    database_url,
+    ms,
+    parse_args,
+    print_table,
+    quiet_server,
+    record,
+    setup_django,
+)
 
 # rounds x (requests' rounds of 3 per server per round); actions per side per round
 SCALES = {"quick": {"rounds": 6, "idle": 60, "load": 60, "actions": 40},
@@ -129,11 +137,7 @@ class Server:
 
         self.name, self.root, self.port = name, root, free_port()
         self.app_name = f"bench-p8cpu-{name}-{uuid.uuid4().hex[:6]}"
-        db = connection.settings_dict
-        auth = db["USER"] + (f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD")
-                             else "")
-        url = (f"postgres://{auth}@{quote(db['HOST'] or '127.0.0.1', safe='')}:"
-               f"{db['PORT'] or 5432}/{db['NAME']}?application_name={self.app_name}")
+        url = database_url(connection.settings_dict["NAME"], application_name=self.app_name)
         env = {k: v for k, v in os.environ.items()
                if k not in ("LEDGER_DATABASE_NAME", "GUNICORN_WORKERS")}
         self.static = tempfile.TemporaryDirectory(prefix="p8cpu-static-")

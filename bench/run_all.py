@@ -72,7 +72,12 @@ ALSO = {
     "P10": lambda r: f"at 8 writers {r['ratio_8']:.2f}x (goal >= 2.5)"
                      + ("  met" if r["ratio_8"] >= 2.5 else "  NOT met")
                      + f"; in 3 commits {r['writers_1']['ratio_three_commits']:.2f}x and "
-                     f"{r['writers_8']['ratio_three_commits']:.2f}x",
+                     f"{r['writers_8']['ratio_three_commits']:.2f}x"
+                     + (f"\n{'':30}this tree / {r['against']['root']} (--against): "
+                        f"{r['against']['ratio']:.2f}x at 1 writer, {r['against']['ratio_8']:.2f}x "
+                        "at 8 (goal >= 1)"
+                        + ("  met" if min(r["against"]["ratio"], r["against"]["ratio_8"]) >= 1
+                           else "  NOT met") if r.get("against") else ""),
     "P5": lambda r: f"longest purge batch {r['longest_batch_ms']:.0f} ms (goal <= 100 ms)"
                     + ("  met" if r["longest_batch_ms"] <= 100 else "  NOT met"),
 }
