@@ -13,6 +13,11 @@ to operations. `manage.py coverage --target T --since ISO` runs it, the desk's c
 page lists the readings, and `/metrics` counts the unexplained effects of the latest
 reading per target (`ledger_unexplained_effects`).
 
+Retention (`ledger.retention_state`, kind `coverage`, 90 days by default) purges readings
+its policy's days after they were taken, never the latest of a tenant, operation name,
+target and account, however old: `/metrics` and the page show the same latest readings
+before and after a purge.
+
 A listing that hit its bound (`complete` False) shows only part of the range: its
 unexplained effects are real, but there may be more. A reader that cannot see (a wrong
 account or token) lists nothing and so finds nothing unexplained: a reading of zero effects

@@ -1,4 +1,5 @@
-"""Retention of execution state: superseded fact versions, episodes, settled obligations.
+"""Retention of execution state: superseded fact versions, episodes, settled obligations,
+and coverage readings (`ledger.coverage`).
 
 Policies are per kind (`StateKind`) and tenant ('' for every tenant; the policy naming a
 tenant governs its rows, the one for every tenant the rest). Admins set them like the
@@ -7,13 +8,16 @@ operations' policies (`set_state_policy`, `delete_state_policy`, audited in
 `PurgeRun` per policy with `rows_purged`.
 
 A row may go once its policy's days have passed since it was superseded (a fact version:
-its successor's `created_at`), recorded (an episode) or settled (an obligation's
-`committed_at` or `cancelled_at`), and never while its run is unfinished: an open
-obligation, a step not committed, an operation not terminal, or a live lease on the run
-(`ledger_run_unfinished`, migration 0038). A current fact, a candidate and an open
-obligation are never purged. PostgreSQL holds all of that twice: the SECURITY DEFINER
-function `ledger_retention_purge_state` checks each row again by the database's clock, and
-the tables' triggers refuse any other DELETE, whoever asks.
+its successor's `created_at`), recorded (an episode), settled (an obligation's
+`committed_at` or `cancelled_at`) or taken (a coverage reading's `created_at`), and never
+while its run is unfinished: an open obligation, a step not committed, an operation not
+terminal, or a live lease on the run (`ledger_run_unfinished`, migration 0038). A current
+fact, a candidate and an open obligation are never purged, nor the latest coverage reading
+of a tenant, operation name, target and account, however old: it is what `/metrics`
+reports (`ledger_unexplained_effects`) and what the desk's coverage page shows first, as a
+current fact is what an agent reads. PostgreSQL holds all of that twice: the SECURITY
+DEFINER function `ledger_retention_purge_state` checks each row again by the database's
+clock, and the tables' triggers refuse any other DELETE, whoever asks.
 
 What the purge (`Kind.kept`) keeps beyond that, so that nothing still referred to goes: a fact
 version a conflict or a person's decision names, one a candidate contradicted, one an
@@ -34,6 +38,7 @@ from ledger import access
 from ledger.errors import InvalidInput
 from ledger.inputs import check_choice, check_tenant_or_every, check_whole_number
 from ledger.models import PurgeRun, RetentionChange, StateKind, StateRetentionPolicy
+from ledger.models.coverage import LATER_READING
 
 MAX_DAYS = 36500
 
@@ -152,6 +157,10 @@ KINDS: dict[str, Kind] = {
     StateKind.OBLIGATIONS: Kind(
         "ledger_obligation", "coalesce(x.committed_at, x.cancelled_at)", "",
         "x.state <> 'open'", _RUN_UNFINISHED),
+    # Of no run; the latest reading of its key is kept (the purge function and the table's
+    # trigger refuse it too).
+    StateKind.COVERAGE: Kind("ledger_coveragereading", "x.created_at", "", "TRUE",
+                             f"NOT {LATER_READING.format(x='x')}"),
 }
 
 

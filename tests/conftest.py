@@ -17,6 +17,7 @@ SERVER_DEPENDENT = {
     "tests/ledger/test_automatic_retry_check.py",
     "tests/ledger/test_chain_trust.py",
     "tests/ledger/test_coverage.py",
+    "tests/ledger/test_coverage_retention.py",
     "tests/ledger/test_db_roles.py",
     "tests/ledger/test_event_tenant.py",
     "tests/ledger/test_fact_expiry.py",

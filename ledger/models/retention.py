@@ -83,6 +83,7 @@ class StateKind(models.TextChoices):
     FACTS = "facts", "Superseded fact versions"
     EPISODES = "episodes", "Episodes"
     OBLIGATIONS = "obligations", "Settled obligations"
+    COVERAGE = "coverage", "Coverage readings"
 
 
 class StateRetentionPolicy(models.Model):
@@ -90,8 +91,9 @@ class StateRetentionPolicy(models.Model):
 
     Superseded fact versions go `purge_after_days` after they were superseded, episodes that
     long after they were recorded, committed or cancelled obligations that long after they
-    were settled; never a current fact, a candidate, an open obligation, or anything of an
-    unfinished run (PostgreSQL refuses those deletes whoever asks: `ledger.retention`).
+    were settled, coverage readings that long after they were taken; never a current fact, a
+    candidate, an open obligation, anything of an unfinished run, or the latest coverage
+    reading of a target (PostgreSQL refuses those deletes whoever asks: `ledger.retention`).
     One policy naming the tenant beats the one for every tenant. Change rows only through
     `ledger.retention.set_state_policy` / `delete_state_policy`, which audit every change.
     """
@@ -100,7 +102,7 @@ class StateRetentionPolicy(models.Model):
     tenant = models.CharField(max_length=100, blank=True, help_text="Empty: every tenant.")
     purge_after_days = models.PositiveIntegerField(
         help_text="Delete rows of this kind this many days after they were superseded "
-        "(facts), recorded (episodes) or settled (obligations)."
+        "(facts), recorded (episodes), settled (obligations) or taken (coverage readings)."
     )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -110,7 +110,7 @@ def test_purge_removes_old_state_of_finished_runs_and_keeps_the_rest(capsys):
     assert remaining() == before
     would = {r.policy_snapshot["kind"]: r.rows_purged
              for r in PurgeRun.objects.filter(state_policy__isnull=False)}
-    assert would == {"facts": 3, "episodes": 1, "obligations": 1}
+    assert would == {"facts": 3, "episodes": 1, "obligations": 1, "coverage": 0}
     assert {p.kind: n for p, n in retention_state.preview()} == would
 
     call_command("purge", actor="cron")
@@ -119,12 +119,13 @@ def test_purge_removes_old_state_of_finished_runs_and_keeps_the_rest(capsys):
     assert remaining() == before - gone
     assert Fact.objects.get(pk=done["facts"][2].pk).status == "current"
     out = capsys.readouterr().out
-    assert "purged 5 superseded facts, episodes and settled obligations, in 3 state policies" \
-        in out
+    assert ("purged 5 superseded facts, episodes, settled obligations and coverage readings, "
+            "in 4 state policies") in out
     assert "facts (every tenant): purged 3 superseded fact versions" in out
     runs_ = PurgeRun.objects.filter(state_policy__isnull=False, dry_run=False)
     assert sorted((r.policy_snapshot["kind"], r.rows_purged, r.actor) for r in runs_) == [
-        ("episodes", 1, "cron"), ("facts", 3, "cron"), ("obligations", 1, "cron")]
+        ("coverage", 0, "cron"), ("episodes", 1, "cron"), ("facts", 3, "cron"),
+        ("obligations", 1, "cron")]
     assert all(r.finished_at for r in runs_)
     # what stays behind still verifies, and a second run finds nothing
     assert retention.purge(actor="again").purged_state_ids == []

@@ -136,7 +136,7 @@ def test_the_page_shows_table_sizes_and_recent_purge_runs(admin_client):
     body = response.content.decode()
     sizes = {t.table: t for t in response.context["tables"]}
     # one run of the operations' policy, one of each execution-state policy
-    assert sizes["ledger_operation"].rows == 0 and sizes["ledger_purgerun"].rows == 4
+    assert sizes["ledger_operation"].rows == 0 and sizes["ledger_purgerun"].rows == 5
     assert "ledger_operationevent" in body and " KB</td>" in body.replace("\xa0", " ")
     [run] = response.context["last_runs"]
     assert run.operations_purged == 1 and "nightly-cron" in body
@@ -375,16 +375,17 @@ def test_admins_set_execution_state_policies_on_the_page_and_others_cannot(clien
     client.force_login(admin_user)
     page = client.get(PAGE)
     assert [(p.kind, n) for p, n, _ in page.context["state_rows"]] == [
-        ("episodes", 0), ("facts", 0), ("obligations", 0)]
+        ("coverage", 0), ("episodes", 0), ("facts", 0), ("obligations", 0)]
     assert "Settled obligations" in page.content.decode()
+    assert '<option value="coverage">Coverage readings</option>' in page.content.decode()
     bad = client.post(edit, {f"state-{episodes_policy.pk}-purge_after_days": "0"})
     assert bad.status_code == 422 and "Nothing written" in bad.content.decode()
     assert client.post(edit, {f"state-{episodes_policy.pk}-purge_after_days": "7"}
                        ).status_code == 302
     assert client.post(add, new).status_code == 302
     acme = StateRetentionPolicy.objects.get(kind="facts", tenant="acme")
-    assert state() == [("episodes", "", 7), ("facts", "", 365), ("facts", "acme", 30),
-                       ("obligations", "", 365)]
+    assert state() == [("coverage", "", 90), ("episodes", "", 7), ("facts", "", 365),
+                       ("facts", "acme", 30), ("obligations", "", 365)]
     body = client.get(PAGE).content.decode()
     assert "facts (acme)" in body and "purge after 30 d" in body
     assert client.post(reverse("review:retention_state_delete", args=[episodes_policy.pk])

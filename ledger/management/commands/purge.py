@@ -19,7 +19,8 @@ class Command(BaseCommand):
     help = (
         "Delete terminal operations (with their events and evidence) older than their "
         "retention policy allows, then redact the intents of those past redact_after_days; "
-        "then superseded facts, episodes and settled obligations past their policies' days. "
+        "then superseded facts, episodes, settled obligations and coverage readings (never "
+        "a target's latest) past their policies' days. "
         "Small batches, one short transaction each; safe to interrupt and rerun."
     )
 
@@ -73,5 +74,5 @@ class Command(BaseCommand):
                if result.batch_seconds else "")
         )
         rows = sum(r.rows_purged for r in result.state_runs)
-        self.stdout.write(f"{verb} {rows} superseded facts, episodes and settled obligations, "
-                          f"in {len(result.state_runs)} state policies")
+        self.stdout.write(f"{verb} {rows} superseded facts, episodes, settled obligations and "
+                          f"coverage readings, in {len(result.state_runs)} state policies")
