@@ -213,27 +213,10 @@ def record_intent(
         # is this request's own submission whose answer was lost (the same Request-Id)
         if request_id is not None and receipts.submitted_by_request(op, request_id, key.name):
             return shapes.recorded(op, submitted_now=True, request_repeated=True), False
-        raise in_flight(op, recorded=operation_dict(op))
+        in_flight = InFlight.of(op)
+        in_flight.operation_recorded = operation_dict(op)
+        raise in_flight
     return shapes.recorded(op, submitted_now=op.submitted_now), recorded_now
-
-
-# Seconds a caller finding a call in flight is told to wait before asking again.
-IN_FLIGHT_RETRY_AFTER = 1.0
-
-
-def in_flight(op: Operation, *, recorded: dict[str, Any] | None = None) -> InFlight:
-    """The refusal of a submission whose key another caller is sending now (`submitted`):
-    HTTP 409 `idempotency-in-flight` with Retry-After, never "outcome unknown"."""
-    exc = InFlight(
-        f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
-        f"planned or safe_to_retry to send it, found it submitted since "
-        f"{shapes.iso(op.submitted_at)}: another caller is sending it now (or stopped "
-        f"before reporting; the sweep then hands it to reconciliation); it is not sent "
-        f"again, ask again in {IN_FLIGHT_RETRY_AFTER:g} s for its outcome",
-        operation=op, retry_after=IN_FLIGHT_RETRY_AFTER)
-    if recorded is not None:
-        exc.operation_recorded = recorded
-    return exc
 
 
 def fact_version(tenant: str, ref: Any) -> Any:

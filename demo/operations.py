@@ -7,10 +7,17 @@ both took effect, a lost request whose only look-alike was posted by hand under 
 key during a key-index outage (ambiguous: manual_review), a crashed sender swept to
 outcome_unknown, another not swept yet (stuck in submitted), one awaiting approval, and
 some still outcome_unknown (reads inside the service's consistency window, and one not
-looked at yet), and a few (DECIDE_BY_HAND) that name the articles service the running demo
-serves and stay outcome_unknown while it runs, for a reviewer. Everything goes through the
-ledger API, at moments from six days to minutes ago (`demo.clock.backdated`), so the desk
-shows realistic ages; the seed's own service runs in-process on 127.0.0.1 and stops after.
+looked at yet), and a few (DECIDE_BY_HAND) whose requests may still land for a day and stay
+outcome_unknown while the demo runs, for a reviewer. Everything goes through the ledger API,
+at moments from six days to minutes ago (`demo.clock.backdated`), so the desk shows
+realistic ages.
+
+Every operation names the articles service the running demo serves (Procfile.demo's
+`articles`, `demo_articles_url`): the seed runs that service in-process, on its port, while
+it writes, and leaves what its agents created in `demo_articles_file` for `demo_articles`
+to start with. So the running demo's reconciler reads a live service that knows them: what
+the seed left outcome_unknown settles by what the service holds (found: succeeded; a
+request that never landed: proven absent), not by a closed port.
 """
 
 from __future__ import annotations
@@ -23,18 +30,21 @@ from django.utils import timezone
 
 from demo.clock import backdated
 from demo.simulated.articles import (
+    HOST,
     ArticleRejected,
     ArticlesClient,
     ArticlesService,
     ServiceError,
-    demo_articles_url,
+    demo_articles_file,
+    demo_articles_port,
+    save_articles,
 )
 from ledger import approvals, leases, receipts, reconcile
 from ledger.models import Operation, Run
 
 WORKER = "demo-reconciler"
 # Outcome unknown for as long as the demo runs, for a reviewer to settle by hand: (run,
-# step, title), sent to the running demo's articles service within DELIVERY_WINDOW.
+# step, title), requests that may still land on the articles service within DELIVERY_WINDOW.
 DECIDE_BY_HAND = [
     ("demo-newsroom", "corrections", "Corrections and clarifications"),
     ("demo-acme-blog", "case-study", "Case study: a year with Acme"),
@@ -52,8 +62,8 @@ def seed_operations(stdout) -> None:
     if Run.objects.filter(run_id__startswith="demo-").exists():
         stdout.write("Demo operations exist already; left them as they are.")
         return
-    # The service reads the ledger's clock, so its replies tell the replayed time too.
-    with ArticlesService(slow_seconds=0.6, clock=lambda: timezone.now()) as service:
+    service = _the_demos_service()
+    try:
         agent = _Agent(service)
         with backdated(timedelta(days=6, hours=2)):
             newsroom = Run.objects.create(run_id="demo-newsroom", tenant="default",
@@ -126,21 +136,38 @@ def seed_operations(stdout) -> None:
             _awaiting_approval(newsroom, service)
 
         with backdated(timedelta(minutes=25)):
-            # Sent to the articles service the running demo serves (Procfile.demo's
-            # `articles`, `demo_articles_url`), whose delivery queue may hold a request for
-            # up to a day: the requests were lost on the way, and until that window ends the
-            # reconciler's reads prove nothing (absent, but maybe still in flight). They stay
-            # outcome_unknown while the demo runs: a person settles them.
+            # The service's delivery queue may hold a request for up to a day: these were
+            # lost on the way, and until that window ends the reconciler's reads prove
+            # nothing (absent, but maybe still in flight). They stay outcome_unknown while
+            # the demo runs: a person settles them.
             runs = {"demo-newsroom": newsroom, "demo-acme-blog": acme}
             for run_id, step, title in DECIDE_BY_HAND:
                 agent.send(runs[run_id], step, title, fault="lose_request",
-                           target=demo_articles_url(), in_flight_for=DELIVERY_WINDOW)
+                           in_flight_for=DELIVERY_WINDOW)
 
         with backdated(timedelta(minutes=4)):
             # Timed out just now; no reconciler has looked at it yet.
             agent.send(acme, "newsletter", "April newsletter", fault="drop_response")
-        side_effects = len(service.side_effects())
-    _report(stdout, side_effects)
+    finally:
+        service.stop()
+        # What the running demo's service starts with (`manage.py demo_articles`).
+        save_articles(demo_articles_file(), service.side_effects())
+    _report(stdout, len(service.side_effects()))
+
+
+def _the_demos_service() -> ArticlesService:
+    """The articles service the running demo serves, started in-process on its port (the
+    seed runs before the demo: the port is free unless a demo is running)."""
+    port = demo_articles_port()
+    try:
+        # The service reads the ledger's clock, so its replies tell the replayed time too.
+        return ArticlesService(slow_seconds=0.6, clock=lambda: timezone.now(),
+                               port=port).start()
+    except OSError as exc:
+        raise OSError(
+            f"expected {HOST}:{port} free for the demo's articles service while the seed "
+            f"writes, found {exc}: stop what serves it (a running demo), or set "
+            "DEMO_ARTICLES_PORT") from exc
 
 
 class _Agent:
@@ -150,10 +177,9 @@ class _Agent:
         self.service = service
 
     def send(self, run: Run, step: str, title: str, *, fault: str | None = None,
-             retry_policy: str = "if_absent_proven", target: str | None = None,
+             retry_policy: str = "if_absent_proven",
              in_flight_for: timedelta | None = None) -> Operation:
-        """`target`: the service the operation names (default: the seed's own, whose
-        request this is); `in_flight_for`: how long the request may still land."""
+        """`in_flight_for`: how long the request may still land."""
         # The seed reconciles at once. A lost request never reached the in-process service
         # (it fails before any byte is sent), so no window is needed to trust its absence;
         # a real agent keeps the default window.
@@ -162,7 +188,7 @@ class _Agent:
         client = ArticlesClient(self.service.url, timeout=0.3 if fault == "slow" else 5.0)
         body = f"{title.strip() or 'Untitled'}: the full text."
         op = receipts.record_intent(
-            "articles.create", target or client.articles_url,
+            "articles.create", client.articles_url,
             {"title": title, "body": body, "headers": {"Authorization": "Bearer demo-secret"}},
             tenant=run.tenant, run=run, idempotency_key=receipts.idempotency_key(run.run_id, step),
             retry_policy=retry_policy, actor=f"agent:{run.run_id}",

@@ -384,13 +384,7 @@ def _settled(op: Operation) -> Any:
             operation=op,
         )
     if op.state == State.SUBMITTED:
-        raise InFlight(
-            f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
-            "planned, safe_to_retry or succeeded, found submitted: another caller is "
-            "sending it now (or stopped; the sweep then hands it to reconciliation); it is "
-            "not sent again, call again shortly for its outcome",
-            operation=op,
-        )
+        raise InFlight.of(op)
     raise OutcomeUnknown(
         f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
         f"planned, safe_to_retry or succeeded, found {op.state}: an earlier attempt was sent "

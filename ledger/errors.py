@@ -1,5 +1,7 @@
 """Every error the ledger raises. Each message says what was expected and what was found."""
 
+from __future__ import annotations
+
 
 class LedgerError(Exception):
     """Base class of every error raised by the ledger API."""
@@ -105,15 +107,34 @@ class OutcomeUnknown(LedgerError):
         self.operation = operation
 
 
+# Seconds a caller finding a key in flight is told to wait before asking again.
+IN_FLIGHT_RETRY_AFTER = 1.0
+
+
 class InFlight(OutcomeUnknown):
     """An action's key is being sent right now by another caller (the operation is
     `submitted`, its sender still at work): wait and call again for its outcome; do not
     send. A subclass of OutcomeUnknown, so code that handles that keeps working; `.operation`
     is the receipt, `.retry_after` the seconds to wait before asking again."""
 
-    def __init__(self, message: str, *, operation=None, retry_after: float = 1.0):
+    def __init__(self, message: str, *, operation=None,
+                 retry_after: float = IN_FLIGHT_RETRY_AFTER):
         super().__init__(message, operation=operation)
         self.retry_after = retry_after
+
+    @classmethod
+    def of(cls, op) -> InFlight:
+        """The refusal of a call of `op`'s key, found `submitted`: every caller (a decorated
+        action in process, the HTTP API, the MCP tools) is told it in these words."""
+        since = f" since {op.submitted_at.isoformat()}" if op.submitted_at else ""
+        return cls(
+            f"expected operation {op.operation_id} ({op.operation}, key {op.idempotency_key}) "
+            f"planned or safe_to_retry to send it, found it submitted{since}: another caller "
+            "is sending it now (or stopped before reporting; the sweep then hands it to "
+            f"reconciliation); it is not sent again, ask again in {IN_FLIGHT_RETRY_AFTER:g} s "
+            "for its outcome",
+            operation=op,
+        )
 
 
 class Rejected(LedgerError):

@@ -34,8 +34,9 @@ from django.utils import timezone
 
 from ledger import access, conf, leases, runs, tracing
 from ledger.canonical import fingerprint, redact, scrub_text
-from ledger.errors import InvalidInput, StaleFact, StaleVersion
+from ledger.errors import InvalidInput, NotFound, StaleFact, StaleVersion
 from ledger.inputs import (
+    PG_INTEGER_MAX,
     check_aware,
     check_fencing_token,
     check_identifier,
@@ -44,6 +45,7 @@ from ledger.inputs import (
     check_reason,
     check_run_ref,
     check_version,
+    check_whole_number,
 )
 from ledger.models import (
     ConflictState,
@@ -420,18 +422,21 @@ def _write_decision(conflict, chosen: Fact, username: str, expected_version) -> 
 def correct_fact(
     fact: Fact,
     *,
+    version: int,
     value: Any,
     user,
     reason: str,
     expires_at: datetime | None = None,
 ) -> Fact:
-    """A person corrects `fact` (the version they saw): `value` becomes its next version,
-    written as them (source `reviewer:<username>`), superseding the agent's version, with a
-    FactDecision recording who, why, and which version was corrected (under the tenant's
+    """A person corrects version `version` of `fact` (any version of it names the fact: the
+    page's; `version` is the one they saw): `value` becomes its next version, written as them
+    (source `reviewer:<username>`), superseding the agent's version, with a FactDecision
+    recording who, why, and which version was corrected (under the tenant's
     "fact_decisions" chain; the versions are under the record links like every fact).
 
-    `fact` must still be the current version (expired or not): if it moved on since, StaleFact
-    carries the current version and nothing is written. The same value and expiry again is
+    No such version of the fact is refused (InvalidInput: a form named it). It must still be
+    the current version (expired or not): if it moved on since, StaleFact carries the current
+    version and nothing is written. The same value and expiry again is
     refused (InvalidInput): a correction changes something. Needs
     `ledger.resolve_factconflict` and a grant for the fact's tenant (PostgreSQL holds the
     FactDecision to both, from the desk's role). `expires_at`: the corrected version's
@@ -442,8 +447,16 @@ def correct_fact(
     reason = scrub_text(check_reason(reason))
     access.require_perm(user, "ledger.resolve_factconflict", doing="correct facts")
     access.require_tenant(user, fact.tenant)
+    version = check_whole_number(version, low=1, high=PG_INTEGER_MAX,
+                                 expected=f"version to be a version from 1 to {PG_INTEGER_MAX}")
     expires_at = _expiry(expires_at, None)
     check_json(value, what="value")
+    try:
+        fact = fact_reads.fact_version(fact.tenant, subject=fact.subject,
+                                       predicate=fact.predicate, version=version)
+    except NotFound:
+        raise InvalidInput(f"expected version {version} of {fact.subject} {fact.predicate}, "
+                           "found none") from None
     value = redact(value)
     username = user.get_username()
     new = Fact(

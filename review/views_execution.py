@@ -153,14 +153,10 @@ def correct_fact(request, fact_id: int):
     if not form.is_valid():
         return _fact(request, fact_id, form=form, status=422)
     data = form.cleaned_data
-    seen = facts.history(fact.subject, fact.predicate, tenant=fact.tenant)
-    version = next((f for f in seen if f.version == data["version"]), None)
     try:
-        if version is None:
-            raise errors.InvalidInput(f"expected version {data['version']} of "
-                                      f"{fact.subject} {fact.predicate}, found none")
-        written = facts.correct_fact(version, value=data["value"], user=request.user,
-                                     reason=data["reason"], expires_at=data["expires_at"])
+        written = facts.correct_fact(fact, version=data["version"], value=data["value"],
+                                     user=request.user, reason=data["reason"],
+                                     expires_at=data["expires_at"])
     except errors.StaleFact as exc:
         messages.warning(request, moved_on_message(exc))
     except errors.InvalidInput as exc:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+from unittest.mock import ANY
 
 import pytest
 from django.core.management import call_command
@@ -58,18 +59,27 @@ def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tm
     key = re.search(r"alk_\S+", out.getvalue())[0]
     auth = {"Authorization": f"Bearer {key}"}
     port, articles_port = free_port(), free_port()
+    # What the seed's agents left the demo's service (demo/operations.py): it starts with it.
+    seeded = {"id": "art-00001", "title": "Weekly digest", "body": "Weekly digest: the full "
+              "text.", "idempotency_key": "demo-newsroom:digest", "fingerprint": "f",
+              "committed_at": "2026-01-05T09:00:00+00:00"}
+    articles_file = tmp_path / "demo-articles.json"
+    articles_file.write_text(json.dumps([seeded]))
     env = {k: v for k, v in os.environ.items()
            if k not in {"LEDGER_DATABASE_NAME", "DJANGO_ALLOW_ASYNC_UNSAFE", "PORT"}}
     # LEDGER_DB_POOL=1: each process keeps a connection, so its login shows in
     # pg_stat_activity (below)
     env.update(DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", LEDGER_DB_POOL="1",
-               LEDGER_DESK_URL=f"http://127.0.0.1:{port}", DEMO_ARTICLES_PORT=str(articles_port))
+               LEDGER_DESK_URL=f"http://127.0.0.1:{port}", DEMO_ARTICLES_PORT=str(articles_port),
+               DEMO_ARTICLES_FILE=str(articles_file))
     procfile = procfile_for_tests("Procfile.demo", tmp_path)
     honcho = Honcho(procfile, port=port, env=env)
     try:
         wait_for_port(port, honcho)
         honcho.read_until(r"reconcile\.1\s+\| reconcile: started")
-        honcho.read_until(r"articles\.1\s+\| demo_articles: started")
+        honcho.read_until(r"articles\.1\s+\| demo_articles: started with 1 article\(s\)")
+        assert call(articles_port, "GET", "/articles/by-key/demo-newsroom:digest") == (
+            200, {"article": seeded, "consistent_as_of": ANY})
         # once the desk answers, the last process says where to go and who to be
         honcho.read_until(rf"ready\.1\s+\| Open http://127\.0\.0\.1:{port}/ and log in")
         honcho.read_until(r"ready\.1\s+\|\s+reviewer\s+/ reviewer-demo-pass")
@@ -113,3 +123,6 @@ def test_the_demos_reconciler_settles_an_outcome_unknown_created_over_the_api(tm
         assert connected_logins() >= logins, connected_logins()
     finally:
         honcho.stop()
+    # Stopped, the service left what it holds for its next start.
+    assert [a["id"] for a in json.loads(articles_file.read_text())] == [seeded["id"],
+                                                                        article["id"]]

@@ -40,9 +40,10 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
@@ -88,7 +89,8 @@ class ArticlesService:
     def __init__(self, *, read_lag: float = 0.0, slow_seconds: float = 2.0,
                  fault: str | None = None, dedupe_keys: bool = True, key_lookup: bool = True,
                  late_seconds: float | None = None,
-                 clock: Callable[[], datetime] | None = None, port: int = 0):
+                 clock: Callable[[], datetime] | None = None, port: int = 0,
+                 articles: Iterable[dict[str, Any]] = ()):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"expected fault one of {FAULTS} or None, found {fault!r}")
         self.read_lag = read_lag
@@ -103,7 +105,9 @@ class ArticlesService:
         self.port = port  # 0: any free port (tests); `manage.py demo_articles` fixes one
         self._late: list[tuple[dict[str, Any], str]] = []
         self._timers: list[threading.Timer] = []
-        self._articles: list[dict[str, Any]] = []
+        # What it committed before (`side_effects()` of an earlier process: the demo's
+        # service starts with what the seed's agents created on it).
+        self._articles: list[dict[str, Any]] = [dict(a) for a in articles]
         self._queued_faults: deque[str] = deque()
         self._in_flight: dict[int, datetime] = {}
         self._tickets = itertools.count(1)
@@ -505,3 +509,38 @@ def demo_articles_port() -> int:
 def demo_articles_url() -> str:
     """The articles URL of the service the running demo serves (`demo_articles_port`)."""
     return f"http://{HOST}:{demo_articles_port()}/articles"
+
+
+def demo_articles_file() -> Path:
+    """Where the demo's articles service keeps its articles from one process to the next:
+    the seed's service writes what its agents created, Procfile.demo's `demo_articles`
+    starts with it and writes it back when it stops. DEMO_ARTICLES_FILE, else
+    .local/demo-articles-<port>.json beside the project (`demo_articles_port`)."""
+    import os
+
+    from django.conf import settings
+
+    named = os.environ.get("DEMO_ARTICLES_FILE", "").strip()
+    if named:
+        return Path(named)
+    return Path(settings.BASE_DIR) / ".local" / f"demo-articles-{demo_articles_port()}.json"
+
+
+def load_articles(path: Path) -> list[dict[str, Any]]:
+    """The articles `save_articles` wrote to `path`; none when there is no file yet."""
+    try:
+        articles = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    if not isinstance(articles, list) or not all(isinstance(a, dict) for a in articles):
+        raise ValueError(f"expected a JSON list of articles in {path}, found "
+                         f"{type(articles).__name__}")
+    return articles
+
+
+def save_articles(path: Path, articles: list[dict[str, Any]]) -> None:
+    """Write `articles` to `path` whole (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.partial")
+    partial.write_text(json.dumps(articles, indent=1))
+    partial.replace(path)

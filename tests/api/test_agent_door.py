@@ -7,7 +7,8 @@ import pytest
 
 from api import service
 from api.agent import Principal
-from ledger.errors import InvalidInput, NotFound
+from ledger import receipts
+from ledger.errors import InFlight, InvalidInput, NotFound
 from ledger.models import Operation
 
 pytestmark = pytest.mark.django_db
@@ -73,3 +74,32 @@ def test_an_in_flight_window_the_door_does_not_take_is_refused_before_anything_i
                        intent=intent(4), idempotency_key="k-4", submit=True,
                        in_flight_seconds=seconds)
     assert not Operation.objects.filter(idempotency_key="k-4").exists()
+
+
+def test_a_key_in_flight_is_refused_in_the_same_words_by_the_door_and_the_agent_kit(make_key):
+    """One sentence for "another caller is sending this key": an agent over the network and
+    a decorated action in process finding the same submitted operation read the same."""
+    key = Principal(make_key("door-bot")).current()
+    call = {"operation": "invoices.create", "target": "https://billing.example/invoices",
+            "intent": {"invoice": {"n": 7}}, "idempotency_key": "k-7"}
+    sent, _ = service.record_intent(key, submit=True, **call)
+    assert sent["submitted_now"] and sent["state"] == "submitted"
+
+    @receipts.action("invoices.create", target="https://billing.example/invoices",
+                     key=lambda invoice: "k-7")
+    def create(invoice):
+        raise AssertionError(f"expected no call while the key is in flight, found {invoice}")
+
+    with pytest.raises(InFlight) as in_process:
+        create({"n": 7})
+    with pytest.raises(InFlight) as over_the_network:
+        service.record_intent(key, submit=True, **call)
+    op = Operation.objects.get(idempotency_key="k-7")
+    assert str(in_process.value) == str(over_the_network.value) == (
+        f"expected operation {op.operation_id} (invoices.create, key k-7) planned or "
+        f"safe_to_retry to send it, found it submitted since {op.submitted_at.isoformat()}: "
+        "another caller is sending it now (or stopped before reporting; the sweep then hands "
+        "it to reconciliation); it is not sent again, ask again in 1 s for its outcome")
+    assert in_process.value.retry_after == over_the_network.value.retry_after == 1.0
+    assert in_process.value.operation.pk == over_the_network.value.operation.pk == op.pk
+    assert over_the_network.value.operation_recorded["operation_id"] == str(op.operation_id)

@@ -6,6 +6,13 @@ import pytest
 from django.core.management import call_command
 
 from demo.operations import seed_operations
+from demo.simulated.articles import (
+    ArticlesService,
+    demo_articles_file,
+    demo_articles_port,
+    demo_articles_url,
+    load_articles,
+)
 from ledger.models import Evidence, Operation
 from ledger.states import State
 
@@ -28,34 +35,42 @@ def test_the_demo_leaves_a_mix_of_states_is_safe_twice_and_reconcile_once_runs_o
     assert Operation.objects.count() == count
     assert "exist already" in out.getvalue()
 
+    # The running demo's reconciler reads the demo's service, which starts with what the
+    # seed's agents created on it: what the seed left outcome_unknown settles by what the
+    # service holds, never by a closed port.
+    assert {op.target for op in Operation.objects.filter(operation="articles.create")} == {
+        demo_articles_url()}
     command_out = io.StringIO()
-    call_command("reconcile", "--once", stdout=command_out)
-    assert "articles.create error -> outcome_unknown" in command_out.getvalue()
+    with ArticlesService(port=demo_articles_port(),
+                         articles=load_articles(demo_articles_file())):
+        call_command("reconcile", "--once", stdout=command_out)
+    assert " error -> " not in command_out.getvalue(), command_out.getvalue()
+    committed = ["Late edition", "Webinar next Tuesday", "April newsletter"]
+    for op in Operation.objects.filter(intent__title__in=committed):
+        assert op.state == State.SUCCEEDED, (op.intent["title"], op.state)
+        assert op.evidence.order_by("id").last().verdict == "found"
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_few_seeded_items_stay_outcome_unknown_against_the_service_the_demo_runs(
         monkeypatch, settings):
-    """The demo's service (Procfile.demo's `articles`) running beside the reconciler: the
-    seeded DECIDE_BY_HAND items name it, the reconciler reads it, and they stay
-    outcome_unknown (absent, but maybe still in flight for a day) for a reviewer."""
+    """The demo's service (Procfile.demo's `articles`) running beside the reconciler, with
+    the articles the seed left it: the seeded DECIDE_BY_HAND items name it, the reconciler
+    reads it (and finds the control it knows is there), and they stay outcome_unknown
+    (absent, but maybe still in flight for a day) for a reviewer."""
     from datetime import timedelta
 
     from django.utils import timezone
 
     from demo.operations import DECIDE_BY_HAND
-    from demo.simulated.articles import ArticlesService, demo_articles_url
     from ledger import reconcile
-    from tests.support.servers import free_port
 
-    port = free_port()
-    monkeypatch.setenv("DEMO_ARTICLES_PORT", str(port))
     seed_operations(io.StringIO())
-    by_hand = Operation.objects.filter(
-        idempotency_key__in=[op.idempotency_key for op in Operation.objects.all()
-                             if op.target == demo_articles_url()])
+    by_hand = Operation.objects.filter(intent__title__in=[t for _, _, t in DECIDE_BY_HAND])
     assert by_hand.count() == len(DECIDE_BY_HAND) >= 3
-    with ArticlesService(port=port):
+    assert {op.target for op in by_hand} == {demo_articles_url()}
+    with ArticlesService(port=demo_articles_port(),
+                         articles=load_articles(demo_articles_file())):
         for _ in range(3):
             reconcile.run_once(worker="demo-test")
     for op in by_hand:
@@ -64,6 +79,7 @@ def test_a_few_seeded_items_stay_outcome_unknown_against_the_service_the_demo_ru
         assert op.next_attempt_at > timezone.now() + timedelta(hours=12)
         evidence = op.evidence.get()
         assert evidence.verdict == "proven_absent" and "in flight" in op.events.last().reason
+        assert evidence.observed["positive_control"]["status"] == "seen", evidence.observed
 
 
 def test_the_demos_articles_port_follows_the_desks_port_or_its_own_variable(monkeypatch,
@@ -81,3 +97,17 @@ def test_the_demos_articles_port_follows_the_desks_port_or_its_own_variable(monk
     assert demo_articles_port() == 9999
     procfile = (Path(__file__).resolve().parents[2] / "Procfile.demo").read_text()
     assert "8765" not in procfile and "manage.py demo_articles\n" in procfile
+
+
+@pytest.mark.django_db
+def test_the_seed_says_so_when_the_demos_articles_port_is_taken():
+    import socket
+
+    port = demo_articles_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(OSError, match=f"expected 127.0.0.1:{port} free for the demo's "
+                                          "articles service while the seed writes"):
+            seed_operations(io.StringIO())
+    assert not Operation.objects.exists()

@@ -229,7 +229,7 @@ def test_a_crash_between_send_and_record_is_never_sent_again():
     def create(article):
         sent.append(article)
 
-    with pytest.raises(InFlight, match="found submitted") as in_flight:
+    with pytest.raises(InFlight, match="found it submitted since") as in_flight:
         create({"slug": "crash"})
     assert isinstance(in_flight.value, OutcomeUnknown)  # what existing callers catch
     assert reconcile.sweep_stale_submissions(older_than=timedelta(0)) == 1

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ledger import chain, facts, runs
-from ledger.errors import PermissionDenied, StaleFact
+from ledger.errors import InvalidInput, PermissionDenied, StaleFact
 from ledger.models import Fact, FactDecision, RecordLink
 from tests.conftest import TEST_LOGINS
 from tests.factories import UserFactory
@@ -70,7 +70,7 @@ def test_a_viewer_may_read_the_fact_but_not_correct_it(client, viewer):
     assert "Your role cannot correct facts" in body
     assert correct(client, fact, "b@x.example").status_code == 403
     with pytest.raises(PermissionDenied):
-        facts.correct_fact(fact, value="b@x.example", user=viewer, reason="no")
+        facts.correct_fact(fact, version=1, value="b@x.example", user=viewer, reason="no")
     assert list(Fact.objects.values_list("version", "value")) == [(1, "a@x.example")]
     assert not FactDecision.objects.exists()
 
@@ -83,7 +83,7 @@ def test_a_reviewer_of_another_tenant_gets_a_404_and_writes_nothing(
     assert client.get(page(fact)).status_code == 404
     assert correct(client, fact, "b@x.example").status_code == 404
     with pytest.raises(PermissionDenied):
-        facts.correct_fact(fact, value="b@x.example", user=other_tenant_reviewer,
+        facts.correct_fact(fact, version=1, value="b@x.example", user=other_tenant_reviewer,
                            reason="not mine")
     assert Fact.objects.count() == 1 and not FactDecision.objects.exists()
 
@@ -98,6 +98,54 @@ def test_a_correction_against_a_version_that_moved_on_records_nothing(client, re
     assert "Nothing recorded" in body and "now version 2" in body
     assert [f.value for f in Fact.objects.order_by("version")] == ["gold", "silver"]
     assert not FactDecision.objects.exists()
+
+
+@pytest.mark.django_db
+def test_correct_fact_takes_the_named_version_from_any_version_of_the_fact(reviewer):
+    """The caller names the fact by any of its versions and the version the person saw;
+    correct_fact finds that version itself."""
+    first = facts.assert_fact("customer:48", "plan", "gold", source="crm-agent")
+    second = facts.assert_fact("customer:48", "plan", "silver", source="crm-agent",
+                               expected_version=1)
+    written = facts.correct_fact(first, version=2, value="platinum", user=reviewer,
+                                 reason="the contract says platinum")
+    assert (written.version, written.value) == (3, "platinum")
+    assert FactDecision.objects.get().chosen_id == second.pk
+    with pytest.raises(StaleFact, match="expected version 1 of customer:48 plan") as moved:
+        facts.correct_fact(second, version=1, value="bronze", user=reviewer, reason="late")
+    assert moved.value.current.pk == written.pk
+    assert FactDecision.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_correct_fact_refuses_a_version_the_fact_never_had(reviewer):
+    fact = facts.assert_fact("customer:49", "plan", "gold", source="crm-agent")
+    with pytest.raises(InvalidInput) as refused:
+        facts.correct_fact(fact, version=7, value="silver", user=reviewer, reason="typo")
+    assert str(refused.value) == "expected version 7 of customer:49 plan, found none"
+    with pytest.raises(InvalidInput, match="expected version to be a version from 1"):
+        facts.correct_fact(fact, version=True, value="silver", user=reviewer, reason="typo")
+    assert Fact.objects.count() == 1 and not FactDecision.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_correction_naming_a_version_the_fact_never_had_records_nothing(client, reviewer):
+    fact = facts.assert_fact("customer:50", "plan", "gold", source="crm-agent")
+    client.force_login(reviewer)
+    body = correct(client, fact, "silver", version=9, follow=True).content.decode()
+    assert "Nothing recorded: expected version 9 of customer:50 plan, found none" in body
+    assert Fact.objects.count() == 1 and not FactDecision.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_superseded_versions_page_corrects_the_version_the_form_names(client, reviewer):
+    first = facts.assert_fact("customer:51", "plan", "gold", source="crm-agent")
+    facts.assert_fact("customer:51", "plan", "silver", source="crm-agent", expected_version=1)
+    client.force_login(reviewer)
+    response = correct(client, first, "platinum", version=2)
+    written = Fact.objects.get(subject="customer:51", status="current")
+    assert response.status_code == 302 and response["Location"] == page(written)
+    assert (written.version, written.value) == (3, "platinum")
 
 
 @pytest.mark.django_db
@@ -146,7 +194,7 @@ def test_a_correction_of_a_leased_runs_fact_is_linked_and_verify_audit_stays_int
     leased = runs.resume("run-corrected", worker="w1")
     fact = facts.assert_fact("order:50", "status", "paid", source="billing", run=run,
                              fencing_token=leased.token)
-    written = facts.correct_fact(fact, value="refunded", user=reviewer,
+    written = facts.correct_fact(fact, version=1, value="refunded", user=reviewer,
                                  reason="the bank reversed it")
     assert (written.run_id, written.fencing_token, written.source) == (
         run.pk, None, "reviewer:rev-chain")
@@ -174,7 +222,7 @@ from ledger import facts
 from ledger.models import Fact
 result = {{}}
 try:
-    written = facts.correct_fact(Fact.objects.get(pk={fact.pk}), value="refunded",
+    written = facts.correct_fact(Fact.objects.get(pk={fact.pk}), version=1, value="refunded",
                                  user=get_user_model().objects.get(username="rev-roles"),
                                  reason="the bank reversed it")
     result["written"] = [written.version, written.source]

@@ -67,3 +67,25 @@ def test_a_change_without_a_reason_or_with_a_bad_pattern_writes_nothing(client, 
     assert response.status_code == 422 and "Nothing written" in response.content.decode()
     assert not UnknownOutcomePolicy.objects.exists()
     assert not UnknownOutcomePolicyChange.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("page, setter, form, heading, reason_column", [
+    ("approval_policies", "approval_policy_set",
+     {"pattern": "payments.*", "tenant": "default", "approvals_needed": 1, "ttl_hours": 4,
+      "requires_approval": "on"}, "append-only", False),
+    ("outcome_policies", "outcome_policy_set", FORM, "append-only, under the records chain",
+     True),
+])
+def test_both_policy_pages_write_their_change_log_with_the_one_partial(
+        client, admin_user, page, setter, form, heading, reason_column):
+    client.force_login(admin_user)
+    assert client.post(reverse(f"review:{setter}"), form).status_code == 302
+    for headers in ({}, {"HX-Request": "true"}):
+        response = client.get(reverse(f"review:{page}"), headers=headers)
+        assert "review/_policy_changes.html" in [t.name for t in response.templates]
+        body = response.content.decode()
+        assert f'<h2>Changes <span class="muted">{heading}</span></h2>' in body
+        assert ('<th scope="col">Reason</th>' in body) is reason_column
+        assert ('<td data-label="Reason" class="wrap">' in body) is reason_column
+        assert '<span class="muted">created:</span>' in body

@@ -49,7 +49,10 @@ class Command(BaseCommand):
         self.stdout.write("Demo users (all see tenants default and acme):")
         for username, password, group, _ in DEMO_USERS:
             self.stdout.write(f"  {username:<9} password {password:<20} role {group}")
-        seed_operations(self.stdout)
+        try:
+            seed_operations(self.stdout)
+        except OSError as exc:  # the demo's articles port taken: say so, no traceback
+            raise CommandError(str(exc)) from exc
         seed_execution(self.stdout)
         seed_notification_channel(self.stdout, user=User.objects.get(username="admin"))
         verify_audit_chain(self.stdout)
