@@ -815,6 +815,50 @@ class KeepAliveOperation(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class RecordingOperation(KeepAliveOperation):
+    """The same answer, with a cookie set; each request's path and Cookie header kept."""
+
+    seen: list[tuple[str, str | None]] = []
+
+    def do_GET(self):
+        self.seen.append((self.path, self.headers.get("Cookie")))
+        self.send_response(200)
+        self.send_header("Set-Cookie", "sticky=node-1; Path=/")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+def test_requests_go_under_the_ledgers_path_and_send_no_cookie_back():
+    """A ledger served under a path prefix gets each request under that prefix, sync and
+    async; a cookie an answer sets (the API sets none; a proxy might) is not sent back."""
+    from ledger_client import Ledger
+
+    RecordingOperation.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RecordingOperation)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/ledger/"
+        with Ledger(url, key="alk_test") as ledger:
+            assert ledger.operation("op-1").state == "planned"
+            assert ledger.operation("op-1").state == "planned"
+
+            async def read_twice():
+                await ledger.aoperation("op-2")
+                await ledger.aoperation("op-2")
+                await ledger.aclose()
+
+            asyncio.run(read_twice())
+    finally:
+        server.shutdown()
+        server.server_close()
+    expected = [(f"/ledger/api/v1/operations/{op}", None)
+                for op in ("op-1", "op-1", "op-2", "op-2")]
+    assert RecordingOperation.seen == expected, (
+        f"expected {expected} (path, Cookie), found {RecordingOperation.seen}")
+
+
 def test_the_async_transport_closes_what_it_opens():
     """One client per event loop, closed with its loop: 300 asyncio.run calls leave the
     process's open descriptors flat (a kept-alive server, so an unclosed client would hold

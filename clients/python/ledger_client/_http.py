@@ -9,6 +9,7 @@ who knows what the request was, decides. Answers become data or typed errors her
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import weakref
 from dataclasses import dataclass
@@ -89,19 +90,61 @@ def problem_error(problem: dict, status: int) -> errors.LedgerError:
     return cls(message, status=status, problem=problem, operation=receipt)
 
 
+class _NoCookies(httpx.Cookies):
+    """Cookies never taken from an answer, so none is kept or sent back. The ledger's API
+    sets none (keys, not sessions, authenticate it), yet httpx searches every answer for
+    Set-Cookie, through urllib's cookie jar and a urllib request built for it: about a
+    tenth of the client's CPU per request."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+
+NO_COOKIES = _NoCookies()
+
+
+class _CookielessClient(httpx.Client):
+    """An httpx.Client whose cookies are NO_COOKIES; nothing else differs."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return NO_COOKIES
+
+
+class _CookielessAsyncClient(httpx.AsyncClient):
+    """An httpx.AsyncClient whose cookies are NO_COOKIES; nothing else differs."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return NO_COOKIES
+
+
+@functools.lru_cache(maxsize=256)
+def absolute_url(url: str, path: str) -> httpx.URL:
+    """The ledger's `url` (no trailing slash) joined to an API path (a leading one), parsed
+    once per pair. An httpx.URL is immutable and httpx sends it as it is, so a path that
+    repeats (an action's intent goes to the operations list) is not parsed again; a
+    client's `base_url` would parse the path, merge it and parse the result every time."""
+    return httpx.URL(url + path)
+
+
+def _settings(key: str, timeout: float, transport) -> dict[str, Any]:
+    """A client's settings (no `base_url`: requests name their absolute_url)."""
+    return {"timeout": timeout, "transport": transport,
+            "headers": {"Authorization": f"Bearer {key}", "Accept": "application/json"}}
+
+
 class SyncTransport:
     def __init__(self, url: str, key: str, *, timeout: float, transport=None):
         self.url = url
-        self.client = httpx.Client(
-            base_url=url, timeout=timeout, transport=transport,
-            headers={"Authorization": f"Bearer {key}", "Accept": "application/json"})
+        self.client = _CookielessClient(**_settings(key, timeout, transport))
 
     def send(self, request: Request) -> Any:
+        url = absolute_url(self.url, request.path)
         for delay in (*CONNECT_DELAYS, None):
             try:
-                response = self.client.request(request.method, request.path,
-                                                json=request.json, params=request.params,
-                                                headers=request.headers)
+                response = self.client.request(request.method, url, json=request.json,
+                                                params=request.params, headers=request.headers)
             except httpx.ConnectError as exc:
                 if delay is None:
                     raise unavailable(request, self.url, exc) from None
@@ -125,9 +168,7 @@ class AsyncTransport:
 
     def __init__(self, url: str, key: str, *, timeout: float, transport=None):
         self.url = url
-        self._settings = {"base_url": url, "timeout": timeout, "transport": transport,
-                          "headers": {"Authorization": f"Bearer {key}",
-                                      "Accept": "application/json"}}
+        self._settings = _settings(key, timeout, transport)
         # loop -> (its client, the guard that closes it); weak: a dropped loop drops both
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -136,7 +177,7 @@ class AsyncTransport:
         found = self._clients.get(loop)
         if found is not None:
             return found[0]
-        client = httpx.AsyncClient(**self._settings)
+        client = _CookielessAsyncClient(**self._settings)
         guard = self._close_with_loop(client)
         self._clients[loop] = (client, guard)
         await guard.asend(None)  # started: the loop now finalizes it at shutdown
@@ -153,11 +194,11 @@ class AsyncTransport:
 
     async def send(self, request: Request) -> Any:
         client = await self._client()
+        url = absolute_url(self.url, request.path)
         for delay in (*CONNECT_DELAYS, None):
             try:
-                response = await client.request(request.method, request.path,
-                                                 json=request.json, params=request.params,
-                                                 headers=request.headers)
+                response = await client.request(request.method, url, json=request.json,
+                                                 params=request.params, headers=request.headers)
             except httpx.ConnectError as exc:
                 if delay is None:
                     raise unavailable(request, self.url, exc) from None
