@@ -81,8 +81,9 @@ def ensure_default_policy() -> None:
         )
 
 
-# The execution state's policies for every tenant (migration 0038 keeps its own copy).
-DEFAULT_STATE_POLICIES = {"facts": 365, "episodes": 90, "obligations": 365}
+# The execution state's policies for every tenant (migrations 0038 and 0058 keep their own
+# copies).
+DEFAULT_STATE_POLICIES = {"facts": 365, "episodes": 90, "obligations": 365, "coverage": 90}
 
 
 def ensure_default_state_policies() -> None:

@@ -500,10 +500,13 @@ def test_roles_and_the_default_policy_survive_the_flush_of_a_transactional_test(
     from django.contrib.auth.models import Group
     from django.core.management import call_command
 
-    from ledger.models import RetentionPolicy
+    from ledger.models import RetentionPolicy, StateRetentionPolicy
 
     call_command("flush", interactive=False, verbosity=0)
     assert set(Group.objects.values_list("name", flat=True)) >= {"viewer", "reviewer", "admin"}
     assert Group.objects.get(name="reviewer").permissions.filter(
         codename="resolve_operation").exists()
     assert RetentionPolicy.objects.filter(pattern="*", tenant="").exists()
+    # every kind's policy for every tenant, as the migrations made them (coverage: 0058)
+    assert set(StateRetentionPolicy.objects.filter(tenant="").values_list("kind", flat=True)) \
+        == {"facts", "episodes", "obligations", "coverage"}
