@@ -13,6 +13,7 @@ stdout (its own prints and logs go to stderr):
 
     {"forms": {side: how it runs}}                     first, once set up
     {"warm": n}                      -> {"warmed": n}   n actions of every side
+    {"analyze": [table, ...]}        -> {"analyzed": [...]}  ANALYZE them
     {"side": s, "writers": w, "seconds": t}
                                      -> {"calls": n, "elapsed": t, "samples": [s, ...]}
 
@@ -119,6 +120,13 @@ def serve(checkout: Path) -> None:
     answers.write(json.dumps({"forms": forms}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
+        if "analyze" in request:  # what autovacuum would do, where the server does not
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute(f"ANALYZE {', '.join(request['analyze'])}")
+            answers.write(json.dumps({"analyzed": request["analyze"]}) + "\n")
+            continue
         if "warm" in request:
             for _ in range(request["warm"]):
                 for fn in sides.values():

@@ -134,12 +134,40 @@ class Stopwatch:
         return statistics.median(self.samples)
 
 
-def interleave(rounds: int, sides: list[tuple[Stopwatch, Callable[[], None]]]) -> None:
-    """Run each side once per round, alternating who goes first, so drift hits both."""
+def interleave(rounds: int, sides: list[tuple[Stopwatch, Callable[[], None]]], *,
+               between: Callable[[], None] | None = None, every: int = 100) -> None:
+    """Run each side once per round, alternating who goes first, so drift hits both;
+    `between` (untimed) after every `every` rounds."""
     for r in range(rounds):
         order = sides if r % 2 == 0 else list(reversed(sides))
         for watch, fn in order:
             watch.time(fn)
+        if between is not None and (r + 1) % every == 0:
+            between()
+
+
+def analyzer(tables: list[str]) -> Callable[[], None] | None:
+    """What autovacuum would do for `tables` (none: the whole database) while a benchmark
+    writes them, when the server does not: None where autovacuum runs, else a function that
+    ANALYZEs them (untimed, for `interleave(between=)`). Without it, on a server with
+    autovacuum off, the planner keeps the statistics of the tables as a benchmark's TRUNCATE
+    left them (empty), its cached plans (the triggers' among them) scan what has grown
+    since, and each write costs more than the last: P1's full scale measured the ledger's
+    lifecycle at 2-5x its quick one."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        if cursor.fetchone()[0] == "on":
+            return None
+    print(f"note: autovacuum is off on this server: {', '.join(tables) or 'the database'} "
+          "analyzed between rounds, as autovacuum would", flush=True)
+
+    def analyze() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {', '.join(tables)}")
+
+    return analyze
 
 
 def record(benchmark: str, data: dict) -> None:

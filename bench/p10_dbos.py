@@ -48,6 +48,7 @@ from bench.common import (
     BENCH_DATABASE,
     ROOT,
     Stopwatch,
+    analyzer,
     database_url,
     ensure_database,
     ms,
@@ -124,6 +125,9 @@ class AgainstTree:
 
     def warm(self, count: int) -> None:
         self._ask({"warm": count})
+
+    def analyze(self, tables: list[str]) -> None:
+        self._ask({"analyze": tables})
 
     def run(self, side: str, writers: int, seconds: float) -> tuple[int, float, list[float]]:
         done = self._ask({"side": side, "writers": writers, "seconds": seconds})
@@ -234,10 +238,20 @@ def main() -> dict | None:
         if against:
             print_table("P10 sides", [*forms.items(), ("against's database", against.database)])
         names = list(sides)
+        tables: list[str] = []  # the whole database: DBOS's tables too
+        analyze = analyzer(tables)
+
+        def analyze_both() -> None:  # untimed, before every round
+            if analyze is not None:
+                analyze()
+                if against:
+                    against.analyze(tables)
+
         for writers in WRITERS:
             watches = {name: Stopwatch(name) for name in names}
             done = {name: [0, 0.0] for name in names}
             for r in range(rounds):
+                analyze_both()
                 for name in names if r % 2 == 0 else names[::-1]:
                     calls, took, samples = sides[name](writers, seconds)
                     watches[name].samples.extend(samples)

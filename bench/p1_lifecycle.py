@@ -31,6 +31,7 @@ if __package__ in (None, ""):
 
 from bench.common import (
     Stopwatch,
+    analyzer,
     interleave,
     ms,
     parse_args,
@@ -141,6 +142,10 @@ def main() -> dict:
         ledger_two_commits()
         bare_two_commits()
 
+    analyze = analyzer(["ledger_operation", "ledger_operationevent", "ledger_operationsearch",
+                        "bench_bare_operation"])
+    if analyze is not None:
+        analyze()
     results = {}
     for label, sync in (("fsync on", "on"), ("synchronous_commit off", "off")):
         with connection.cursor() as cursor:
@@ -148,7 +153,8 @@ def main() -> dict:
         ours, bare = Stopwatch("ledger"), Stopwatch("bare")
         ours2, bare2 = Stopwatch("ledger, 2 commits"), Stopwatch("bare, 2 commits")
         interleave(n, [(ours, ledger_lifecycle), (bare, bare_lifecycle),
-                       (ours2, ledger_two_commits), (bare2, bare_two_commits)])
+                       (ours2, ledger_two_commits), (bare2, bare_two_commits)],
+                   between=analyze)
         results[sync] = {
             "ledger_ops_per_s": n / ours.total,
             "bare_ops_per_s": n / bare.total,
