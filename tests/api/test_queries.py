@@ -31,19 +31,18 @@ def _sql(queries) -> list[str]:
     return [q["sql"] for q in queries.captured_queries]
 
 
-def test_record_intent_runs_two_statements(agent):
-    # The key; the insert of the row and its event (a new key needs no look-up first).
+def test_record_intent_runs_three_statements(agent):
+    # The key; the idempotency look-up; the insert of the row and its event.
     with CaptureQueriesContext(connection) as queries:
         response = agent.post("/api/v1/operations", {
             "operation": "mail.send", "target": "smtp://mail.example", "intent": INTENT,
             "idempotency_key": "invoice-42"}, content_type="application/json")
 
     assert response.status_code == 201, response.content
-    assert len(queries) == 2, _sql(queries)
-    assert "INSERT INTO ledger_operation" in _sql(queries)[1]
+    assert len(queries) == 3, _sql(queries)
 
 
-def test_a_replayed_key_runs_three_statements(agent):
+def test_a_replayed_key_runs_two_statements(agent):
     assert _record(agent, "invoice-42").status_code == 201
 
     with CaptureQueriesContext(connection) as queries:
@@ -51,9 +50,30 @@ def test_a_replayed_key_runs_three_statements(agent):
 
     assert response.status_code == 200, response.content
     assert response.headers["Idempotent-Replayed"] == "true"
-    # The key; the insert, which finds the key taken and writes nothing; the look-up.
+    # The key; the look-up, which finds it (no insert).
+    assert len(queries) == 2, _sql(queries)
+    assert not any("INSERT" in sql for sql in _sql(queries))
+
+
+def test_record_and_submit_runs_three_statements_and_a_replay_four(agent):
+    body = {"operation": "mail.send", "target": "smtp://mail.example", "intent": INTENT,
+            "idempotency_key": "invoice-43", "submit": True}
+    with CaptureQueriesContext(connection) as queries:
+        response = agent.post("/api/v1/operations", body, content_type="application/json")
+    assert response.status_code == 201, response.content
+    # The key; the insert and the submission, in one pipeline (one round trip, one commit):
+    # no look-up first.
     assert len(queries) == 3, _sql(queries)
     assert "INSERT INTO ledger_operation" in _sql(queries)[1]
+    assert "UPDATE ledger_operation" in _sql(queries)[2]
+
+    with CaptureQueriesContext(connection) as queries:
+        response = agent.post("/api/v1/operations", body, content_type="application/json")
+    assert response.status_code == 409, response.content  # submitted a moment ago: in flight
+    # The key; the pipeline, which finds the key taken and writes nothing; the look-up.
+    assert len(queries) == 4, _sql(queries)
+    assert "INSERT INTO ledger_operation" in _sql(queries)[1]
+    assert "idempotency_key = " in _sql(queries)[3]
 
 
 def test_marks_run_two_statements_the_key_and_operation_read_together(agent):
@@ -125,8 +145,8 @@ def test_a_key_verified_a_moment_ago_is_not_asked_for_again(agent, settings):
         response = _record(agent, "second")
 
     assert response.status_code == 201, response.content
-    # The insert of the row and its event: no key read.
-    assert len(queries) == 1, _sql(queries)
+    # The idempotency look-up; the insert of the row and its event: no key read.
+    assert len(queries) == 2, _sql(queries)
     assert not any("ledger_agentkey" in sql for sql in _sql(queries))
 
 
@@ -180,8 +200,8 @@ def test_no_key_is_believed_again_with_the_cache_off(agent, settings):
     with CaptureQueriesContext(connection) as queries:
         assert _record(agent, "second").status_code == 201
 
-    # The key, read again; the insert.
-    assert len(queries) == 2, _sql(queries)
+    # The key, read again; the look-up; the insert.
+    assert len(queries) == 3, _sql(queries)
     assert "ledger_agentkey" in _sql(queries)[0]
 
 
