@@ -16,7 +16,7 @@ from ledger import coverage, metrics, reconcile, retention, retention_state
 from ledger.errors import InvalidInput
 from ledger.models import CoverageReading, PurgeRun, RetentionChange, StateRetentionPolicy
 from tests.conftest import TEST_LOGINS
-from tests.support.processes import run_as
+from tests.support.processes import tries_as
 from tests.support.retention import retention_admin
 
 NAME = "cover.retain"
@@ -199,23 +199,12 @@ def test_postgresql_refuses_every_other_delete_even_the_owner_s_inside_the_purge
     assert run.rows_purged == 1
 
 
-ROLE_TRIES = """
-from django.db import connection, transaction
-
-result = {}
-for name, sql in [
-    ("delete", "DELETE FROM ledger_coveragereading WHERE id = %(old)s"),
-    ("delete_all", "DELETE FROM ledger_coveragereading"),
-    ("update", "UPDATE ledger_coveragereading SET unexplained_count = 0"),
-    ("function", "SELECT ledger_retention_purge_state(%(run)s, ARRAY[%(latest)s]::bigint[])"),
-]:
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql % ids)
-        result[name] = "accepted"
-    except Exception as exc:
-        result[name] = [getattr(exc.__cause__, "sqlstate", None), str(exc).splitlines()[0]]
-"""
+ROLE_TRIES = {  # name -> SQL, its ids filled in by the test
+    "delete": "DELETE FROM ledger_coveragereading WHERE id = %(old)s",
+    "delete_all": "DELETE FROM ledger_coveragereading",
+    "update": "UPDATE ledger_coveragereading SET unexplained_count = 0",
+    "function": "SELECT ledger_retention_purge_state(%(run)s, ARRAY[%(latest)s]::bigint[])",
+}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -227,7 +216,7 @@ def test_no_role_deletes_a_reading_and_the_purge_function_is_the_reconciler_s_al
     ids = {"old": old.pk, "latest": latest.pk, "run": run.pk}
     before = remaining()
     for kind in ("agent", "reconciler", "desk", "web"):
-        found = run_as(TEST_LOGINS[kind], f"ids = {ids!r}\n" + ROLE_TRIES)
+        found = tries_as(TEST_LOGINS[kind], {name: sql % ids for name, sql in ROLE_TRIES.items()})
         for name in ("delete", "delete_all", "update"):
             assert found[name][0] == "42501", (kind, name, found[name])
             assert "permission denied for table ledger_coveragereading" in found[name][1], (

@@ -31,7 +31,7 @@ from ledger.models import (
     StateRetentionPolicy,
 )
 from tests.conftest import TEST_LOGINS
-from tests.support.processes import run_as
+from tests.support.processes import tries_as
 from tests.support.retention import retention_admin
 
 
@@ -206,23 +206,12 @@ def test_postgresql_refuses_every_other_delete_even_the_owner_s_inside_the_purge
     assert Fact.objects.filter(pk=superseded).exists()
 
 
-ROLE_TRIES = """
-from django.db import connection, transaction
-
-result = {}
-for name, sql in [
-    ("fact", "DELETE FROM ledger_fact WHERE id = %(fact)s"),
-    ("episode", "DELETE FROM ledger_episode WHERE id = %(episode)s"),
-    ("obligation", "DELETE FROM ledger_obligation WHERE id = %(obligation)s"),
-    ("function", "SELECT ledger_retention_purge_state(%(run)s, ARRAY[%(current)s]::bigint[])"),
-]:
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(sql % ids)
-        result[name] = "accepted"
-    except Exception as exc:
-        result[name] = [getattr(exc.__cause__, "sqlstate", None), str(exc).splitlines()[0]]
-"""
+ROLE_TRIES = {  # name -> SQL, its ids filled in by the test
+    "fact": "DELETE FROM ledger_fact WHERE id = %(fact)s",
+    "episode": "DELETE FROM ledger_episode WHERE id = %(episode)s",
+    "obligation": "DELETE FROM ledger_obligation WHERE id = %(obligation)s",
+    "function": "SELECT ledger_retention_purge_state(%(run)s, ARRAY[%(current)s]::bigint[])",
+}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -235,7 +224,7 @@ def test_no_role_deletes_state_and_the_purge_function_is_the_reconciler_s_alone(
            "obligation": done["obligation"].pk, "run": run.pk, "current": done["facts"][2].pk}
     before = remaining()
     for kind in ("agent", "reconciler", "desk"):
-        found = run_as(TEST_LOGINS[kind], f"ids = {ids!r}\n" + ROLE_TRIES)
+        found = tries_as(TEST_LOGINS[kind], {name: sql % ids for name, sql in ROLE_TRIES.items()})
         for name in ("fact", "episode", "obligation"):
             assert found[name][0] == "42501", (kind, name, found[name])
         if kind == "reconciler":

@@ -80,3 +80,24 @@ def run_as(login: str, code: str, timeout: float = 120.0) -> dict:
         raise AssertionError(f"expected the child as {login} to finish, found exit "
                              f"{proc.returncode}; stderr:\n{err}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+_TRIES = """
+from django.db import connection, transaction
+
+result = {}
+for name, sql in statements.items():
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql)
+        result[name] = "accepted"
+    except Exception as exc:
+        result[name] = [getattr(exc.__cause__, "sqlstate", None), str(exc).splitlines()[0]]
+"""
+
+
+def tries_as(login: str, statements: dict[str, str]) -> dict:
+    """Each of `statements` (name -> SQL without parameters) run in a transaction of its own
+    in a child logged in as `login`: name -> "accepted", or [SQLSTATE, the error's first
+    line] for a refusal."""
+    return run_as(login, f"statements = {statements!r}\n" + _TRIES)
